@@ -1,0 +1,457 @@
+// Package config parses, defaults and validates napitap's network config.
+//
+// Every rejection is a *types.Error whose message starts with the field at
+// fault, so an operator reading kubelet's event knows what to fix.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// SupportedVersions are the CNI spec versions napitap speaks.
+var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// Wiring modes: how the tap reaches the pod's network.
+const (
+	WiringNone       = "none"
+	WiringTCRedirect = "tc-redirect"
+	WiringBridge     = "bridge"
+)
+
+const (
+	MaxQueues = 256 // MAX_TAP_QUEUES in drivers/net/tun.c
+	minMTU    = 68
+	maxMTU    = 65521 // tun: 65535 minus the Ethernet header
+	// uidInvalid is (uid_t)-1, which TUNSETOWNER/TUNSETGROUP reject.
+	uidInvalid = 1<<32 - 1
+)
+
+// NetConf is the network config as JSON carries it. Pointers tell "absent"
+// from a zero value, which matters for owner/group (0 is root) and knobs.
+type NetConf struct {
+	types.PluginConf
+
+	Queues            *int    `json:"queues,omitempty"`
+	NAPI              *bool   `json:"napi,omitempty"`
+	NAPIFrags         *bool   `json:"napiFrags,omitempty"`
+	ThreadedNAPI      *bool   `json:"threadedNapi,omitempty"`
+	GROFlushTimeout   *uint64 `json:"groFlushTimeout,omitempty"`
+	NAPIDeferHardIRQs *uint32 `json:"napiDeferHardIrqs,omitempty"`
+	VnetHdr           *bool   `json:"vnetHdr,omitempty"`
+	VnetHdrSize       *int    `json:"vnetHdrSize,omitempty"`
+	MTU               *int    `json:"mtu,omitempty"`
+	MAC               string  `json:"mac,omitempty"`
+	TxQueueLen        *int    `json:"txQueueLen,omitempty"`
+	Owner             *uint32 `json:"owner,omitempty"`
+	Group             *uint32 `json:"group,omitempty"`
+	TapName           string  `json:"tapName,omitempty"`
+	Wiring            string  `json:"wiring,omitempty"`
+	Bridge            string  `json:"bridge,omitempty"`
+
+	RuntimeConfig struct {
+		MAC string `json:"mac,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
+
+	Args struct {
+		CNI PodArgs `json:"cni,omitempty"`
+	} `json:"args,omitempty"`
+}
+
+// PodArgs are the per-pod overrides Multus passes from a pod's network
+// selection `cni-args` as `args.cni`.
+type PodArgs struct {
+	Queues          *int    `json:"queues,omitempty"`
+	NAPI            *bool   `json:"napi,omitempty"`
+	ThreadedNAPI    *bool   `json:"threadedNapi,omitempty"`
+	GROFlushTimeout *uint64 `json:"groFlushTimeout,omitempty"`
+	MAC             string  `json:"mac,omitempty"`
+}
+
+// envArgs is what napitap reads from CNI_ARGS.
+type envArgs struct {
+	types.CommonArgs
+	MAC types.UnmarshallableString `json:"mac,omitempty"`
+}
+
+// Config is the resolved config: defaults applied, overrides merged,
+// everything validated. The plugin works from this only.
+type Config struct {
+	CNIVersion string
+	Name       string
+	IPAM       types.IPAM
+	DNS        types.DNS
+	// PrevResult is the previous plugin's result in the current spec
+	// version, nil when napitap runs first.
+	PrevResult       *current.Result
+	ValidAttachments []types.GCAttachment
+
+	Queues            int
+	NAPI              bool
+	NAPIFrags         bool
+	ThreadedNAPI      bool
+	GROFlushTimeout   *uint64
+	NAPIDeferHardIRQs *uint32
+	VnetHdr           bool
+	VnetHdrSize       int
+	MTU               int // 0: kernel default, or the chained interface's MTU
+	MAC               net.HardwareAddr
+	TxQueueLen        *int
+	Owner             *uint32
+	Group             *uint32
+
+	TapName string
+	// TapNameGiven is true when the config names the tap.
+	TapNameGiven bool
+	Wiring       string
+	// WiringGiven is false when the wiring was chosen from prevResult, which
+	// DEL of old spec versions does not receive.
+	WiringGiven bool
+	Bridge      string
+	// PeerIfName is the previous plugin's interface in the sandbox that
+	// chained wirings join to the tap (CNI_IFNAME); empty in "none".
+	PeerIfName string
+
+	ifName      string
+	containerID string
+}
+
+// Attachment is what the runtime says about the attachment besides the
+// config: CNI_CONTAINERID, CNI_IFNAME, CNI_ARGS, and whether prevResult is
+// the chain's final result (CHECK, DEL) rather than the previous plugin's
+// (ADD). The final result holds napitap's own interfaces too.
+type Attachment struct {
+	ContainerID string
+	IfName      string
+	CNIArgs     string
+	FinalResult bool
+}
+
+// Load parses a network config for att. Errors are *types.Error: code 6 for
+// undecodable JSON, 7 for invalid values, 4 for invalid CNI_ variables.
+func Load(stdin []byte, att Attachment) (*Config, error) {
+	var nc NetConf
+	dec := json.NewDecoder(bytes.NewReader(stdin))
+	if err := dec.Decode(&nc); err != nil {
+		return nil, decodeError(err)
+	}
+	if !slices.Contains(SupportedVersions, nc.CNIVersion) {
+		return nil, invalid("cniVersion", "%q is not supported (supported: %s)", nc.CNIVersion, strings.Join(SupportedVersions, ", "))
+	}
+
+	c := &Config{
+		CNIVersion:        nc.CNIVersion,
+		Name:              nc.Name,
+		IPAM:              nc.IPAM,
+		DNS:               nc.DNS,
+		ValidAttachments:  nc.ValidAttachments,
+		Queues:            valueOr(nc.Queues, 1),
+		NAPI:              valueOr(nc.NAPI, true),
+		NAPIFrags:         valueOr(nc.NAPIFrags, false),
+		ThreadedNAPI:      valueOr(nc.ThreadedNAPI, false),
+		GROFlushTimeout:   nc.GROFlushTimeout,
+		NAPIDeferHardIRQs: nc.NAPIDeferHardIRQs,
+		VnetHdr:           valueOr(nc.VnetHdr, true),
+		VnetHdrSize:       valueOr(nc.VnetHdrSize, 12),
+		MTU:               valueOr(nc.MTU, 0),
+		TxQueueLen:        nc.TxQueueLen,
+		Owner:             nc.Owner,
+		Group:             nc.Group,
+		Wiring:            nc.Wiring,
+		Bridge:            nc.Bridge,
+	}
+
+	if nc.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
+			return nil, invalid("prevResult", "cannot parse: %v", err)
+		}
+		prev, err := current.NewResultFromResult(nc.PluginConf.PrevResult)
+		if err != nil {
+			return nil, invalid("prevResult", "cannot convert to %s: %v", current.ImplementedSpecVersion, err)
+		}
+		c.PrevResult = prev
+	}
+
+	mac, err := resolveMAC(&nc, att.CNIArgs)
+	if err != nil {
+		return nil, err
+	}
+	c.MAC = mac
+	applyPodArgs(c, nc.Args.CNI)
+
+	c.containerID = att.ContainerID
+	if err := c.resolveWiring(att.IfName, nc.TapName, att.FinalResult); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// resolveMAC applies the precedence config < args.cni < CNI_ARGS MAC= <
+// runtimeConfig.mac (the "mac" capability), most specific last.
+func resolveMAC(nc *NetConf, cniArgs string) (net.HardwareAddr, error) {
+	var env envArgs
+	if cniArgs != "" {
+		if err := types.LoadArgs(cniArgs, &env); err != nil {
+			return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %v", err), "")
+		}
+	}
+	candidates := []struct{ field, value string }{
+		{"mac", nc.MAC},
+		{"args.cni.mac", nc.Args.CNI.MAC},
+		{"CNI_ARGS MAC", string(env.MAC)},
+		{"runtimeConfig.mac", nc.RuntimeConfig.MAC},
+	}
+	var mac net.HardwareAddr
+	for _, cand := range candidates {
+		if cand.value == "" {
+			continue
+		}
+		hw, err := net.ParseMAC(cand.value)
+		if err != nil || len(hw) != 6 {
+			return nil, invalid(cand.field, "%q is not an Ethernet MAC address", cand.value)
+		}
+		if hw[0]&1 != 0 {
+			return nil, invalid(cand.field, "%q is a multicast address", cand.value)
+		}
+		mac = hw
+	}
+	return mac, nil
+}
+
+func applyPodArgs(c *Config, a PodArgs) {
+	if a.Queues != nil {
+		c.Queues = *a.Queues
+	}
+	if a.NAPI != nil {
+		c.NAPI = *a.NAPI
+	}
+	if a.ThreadedNAPI != nil {
+		c.ThreadedNAPI = *a.ThreadedNAPI
+	}
+	if a.GROFlushTimeout != nil {
+		c.GROFlushTimeout = a.GROFlushTimeout
+	}
+}
+
+// resolveWiring picks the wiring mode, the peer interface and the tap name.
+func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
+	c.ifName = ifName
+	if ifName != "" {
+		if err := ValidateLinkName(ifName); err != nil {
+			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME: %v", err), "")
+		}
+	}
+	switch c.Wiring {
+	case "":
+		c.Wiring = WiringNone
+		// In a final result, a chained napitap left its guest NIC entry;
+		// a standalone one left only its tap, which looks like a peer.
+		chained := c.PrevSandboxInterface() != nil
+		if final {
+			chained = chained && c.hasGuestEntry()
+		}
+		if chained {
+			c.Wiring = WiringTCRedirect
+		}
+	case WiringNone, WiringTCRedirect, WiringBridge:
+		c.WiringGiven = true
+	default:
+		return invalid("wiring", "%q is unknown (want %s, %s or %s)", c.Wiring, WiringTCRedirect, WiringBridge, WiringNone)
+	}
+	if c.Wiring != WiringNone {
+		c.PeerIfName = ifName
+	}
+
+	c.TapName, c.TapNameGiven = tapName, tapName != ""
+	if c.TapName == "" {
+		c.TapName = DefaultTapName(ifName, c.Wiring)
+	}
+	if c.Wiring == WiringBridge && c.Bridge == "" {
+		c.Bridge = "br-" + truncate(c.TapName, 12)
+	}
+	return nil
+}
+
+// PrevSandboxInterface returns the previous result's interface that chained
+// wirings join: the one called CNI_IFNAME inside the sandbox, or nil.
+func (c *Config) PrevSandboxInterface() *current.Interface {
+	if c.PrevResult == nil || c.ifName == "" {
+		return nil
+	}
+	for _, iface := range c.PrevResult.Interfaces {
+		if iface.Name == c.ifName && iface.Sandbox != "" && iface.Sandbox != c.containerID {
+			return iface
+		}
+	}
+	return nil
+}
+
+// hasGuestEntry reports napitap's guest NIC entry in prevResult: named
+// CNI_IFNAME, sandbox = the container ID.
+func (c *Config) hasGuestEntry() bool {
+	for _, iface := range c.PrevResult.Interfaces {
+		if iface.Name == c.ifName && c.containerID != "" && iface.Sandbox == c.containerID {
+			return true
+		}
+	}
+	return false
+}
+
+// RequirePeer checks, for ADD and CHECK, that a chained wiring has the
+// previous plugin's interface to join. DEL skips it: old spec versions send
+// DEL without prevResult, and DEL must clean up anyway.
+func (c *Config) RequirePeer() error {
+	if c.Wiring == WiringNone {
+		return nil
+	}
+	if c.PrevResult == nil {
+		return invalid("wiring", "%q needs a prevResult: chain napitap after an interface plugin such as bridge or ptp", c.Wiring)
+	}
+	if c.PrevSandboxInterface() == nil {
+		return invalid("prevResult", "has no interface %q in the sandbox for wiring %q", c.ifName, c.Wiring)
+	}
+	return nil
+}
+
+// DefaultTapName names the tap when the config does not. Without wiring the
+// tap is the pod interface itself. Chained, CNI_IFNAME belongs to the
+// previous plugin, so follow KubeVirt: "tap" + the name minus its first
+// three letters (net1 -> tap1, pod<11 hex> -> tap<11 hex>, eth0 -> tap0).
+func DefaultTapName(ifName, wiring string) string {
+	if wiring == WiringNone {
+		return ifName
+	}
+	name := "tap" + ifName
+	if len(ifName) > 3 {
+		name = "tap" + ifName[3:]
+	}
+	if ifName == "" {
+		return ""
+	}
+	if name == ifName || len(name) > 15 {
+		h := fnv.New32a()
+		h.Write([]byte(ifName))
+		name = fmt.Sprintf("tap%08x", h.Sum32())
+	}
+	return name
+}
+
+func (c *Config) validate() error {
+	if c.Queues < 1 || c.Queues > MaxQueues {
+		return invalid("queues", "%d is out of range 1-%d", c.Queues, MaxQueues)
+	}
+	if c.NAPIFrags && !c.NAPI {
+		return invalid("napiFrags", "requires napi")
+	}
+	if c.VnetHdrSize != 10 && c.VnetHdrSize != 12 {
+		return invalid("vnetHdrSize", "%d is not 10 or 12", c.VnetHdrSize)
+	}
+	if c.MTU != 0 && (c.MTU < minMTU || c.MTU > maxMTU) {
+		return invalid("mtu", "%d is out of range %d-%d", c.MTU, minMTU, maxMTU)
+	}
+	if c.TxQueueLen != nil && *c.TxQueueLen < 0 {
+		return invalid("txQueueLen", "%d is negative", *c.TxQueueLen)
+	}
+	if c.Owner != nil && *c.Owner == uidInvalid {
+		return invalid("owner", "%d is not a valid uid", *c.Owner)
+	}
+	if c.Group != nil && *c.Group == uidInvalid {
+		return invalid("group", "%d is not a valid gid", *c.Group)
+	}
+	// GC and STATUS carry no CNI_IFNAME, so no tap name either.
+	if c.TapName != "" {
+		if err := ValidateLinkName(c.TapName); err != nil {
+			return invalid("tapName", "%v", err)
+		}
+	}
+	if c.PeerIfName != "" && c.TapName == c.PeerIfName {
+		return invalid("tapName", "%q is the chained interface itself", c.TapName)
+	}
+	if c.Bridge != "" {
+		if c.Wiring != WiringBridge {
+			return invalid("bridge", "only applies to wiring %q", WiringBridge)
+		}
+		if err := ValidateLinkName(c.Bridge); err != nil {
+			return invalid("bridge", "%v", err)
+		}
+		if c.Bridge == c.TapName || c.Bridge == c.PeerIfName {
+			return invalid("bridge", "%q clashes with another interface of this attachment", c.Bridge)
+		}
+	}
+	if c.IPAM.Type != "" && c.Wiring != WiringNone {
+		return invalid("ipam", "only applies to wiring %q; chained wirings take addresses from prevResult", WiringNone)
+	}
+	return nil
+}
+
+// ValidateLinkName enforces the kernel's dev_valid_name rules plus '%',
+// which would make the kernel pick a name of its own.
+func ValidateLinkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("name is empty")
+	case len(name) > 15:
+		return fmt.Errorf("%q is longer than 15 bytes", name)
+	case name == "." || name == "..":
+		return fmt.Errorf("%q is not a valid interface name", name)
+	case strings.ContainsAny(name, "/:% \t\n\r\v\f"):
+		return fmt.Errorf("%q contains '/', ':', '%%' or whitespace", name)
+	}
+	return nil
+}
+
+// decodeError turns a JSON error into a CNI error naming the field when the
+// JSON is well formed but a value has the wrong type.
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return invalid(typeErr.Field, "must be %s, not a JSON %s", describeType(typeErr.Type.String()), typeErr.Value)
+	}
+	return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network config: %v", err), "")
+}
+
+func describeType(goType string) string {
+	goType = strings.TrimPrefix(goType, "*")
+	switch {
+	case goType == "bool":
+		return "a boolean"
+	case goType == "string":
+		return "a string"
+	case strings.HasPrefix(goType, "uint"):
+		return "a non-negative integer"
+	case strings.HasPrefix(goType, "int"):
+		return "an integer"
+	}
+	return goType
+}
+
+func invalid(field, format string, a ...any) error {
+	return types.NewError(types.ErrInvalidNetworkConfig, field+": "+fmt.Sprintf(format, a...), "")
+}
+
+func valueOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}

@@ -1,0 +1,89 @@
+package tapsetup
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+)
+
+// Tap is what the kernel reports about a tap, for CHECK and the tests.
+type Tap struct {
+	Link       *netlink.Tuntap
+	MultiQueue bool
+	VnetHdr    bool
+	Persistent bool
+	Up         bool
+	// Sysfs holds what netlink cannot tell: owner/group as set (-1 unset),
+	// tun_flags, and the NAPI knobs.
+	Sysfs SysfsAttrs
+}
+
+// Inspect reads the tap name in the netns at netnsPath. It returns an error
+// wrapping ErrNotTap when the link exists but is not a tap.
+func Inspect(netnsPath, name string) (*Tap, error) {
+	var tap Tap
+	err := withNetNS(netnsPath, func() error {
+		link, err := netlinksafe.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		tt, ok := link.(*netlink.Tuntap)
+		if !ok || tt.Mode != netlink.TUNTAP_MODE_TAP {
+			return fmt.Errorf("%w: it is a %s link", ErrNotTap, link.Type())
+		}
+		tap.Link = tt
+		tap.MultiQueue = tt.Flags&netlink.TUNTAP_MULTI_QUEUE != 0
+		tap.VnetHdr = tt.Flags&netlink.TUNTAP_VNET_HDR != 0
+		tap.Persistent = !tt.NonPersist
+		tap.Up = tt.Attrs().Flags&net.FlagUp != 0
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tap %q in netns %s: %w", name, netnsPath, err)
+	}
+	attrs, err := ReadSysfs(netnsPath, name)
+	if err != nil {
+		return nil, err
+	}
+	tap.Sysfs = *attrs
+	return &tap, nil
+}
+
+// ErrNotTap marks a link that exists under the tap's name but is no tap;
+// napitap never deletes such a link.
+var ErrNotTap = errors.New("not a tap")
+
+// DeleteTap removes the tap name from the current netns. A missing link is
+// success; a link that is not a tuntap is left alone and reported.
+func DeleteTap(name string) error {
+	link, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("tap %q: %w", name, err)
+	}
+	if _, ok := link.(*netlink.Tuntap); !ok {
+		return fmt.Errorf("tap %q: %w: it is a %s link", name, ErrNotTap, link.Type())
+	}
+	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("tap %q: delete: %w", name, err)
+	}
+	return nil
+}
+
+func deleteLink(name string) error {
+	link, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return netlink.LinkDel(link)
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
+}

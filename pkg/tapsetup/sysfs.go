@@ -1,0 +1,147 @@
+package tapsetup
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+)
+
+// NAPIKnobs are the tap's device-wide NAPI settings. Nil leaves a knob as
+// the kernel has it.
+type NAPIKnobs struct {
+	Threaded        bool // only ever switched on (fact 9)
+	GROFlushTimeout *uint64
+	DeferHardIRQs   *uint32
+}
+
+// SysfsAttrs are a tap's attributes that only sysfs shows.
+type SysfsAttrs struct {
+	TunFlags        uint32
+	Owner           int64 // -1: unset
+	Group           int64 // -1: unset
+	Threaded        bool
+	GROFlushTimeout uint64
+	DeferHardIRQs   uint32
+}
+
+// ApplyNAPIKnobs writes knobs for tap name in the netns at netnsPath. Call
+// it only while every queue of the tap is attached: turning threaded NAPI
+// on or off with a detached queue can wedge the kernel (DESIGN.md fact 9).
+// It never writes 0 to threaded.
+func ApplyNAPIKnobs(netnsPath, name string, knobs NAPIKnobs) error {
+	if !knobs.Threaded && knobs.GROFlushTimeout == nil && knobs.DeferHardIRQs == nil {
+		return nil
+	}
+	return inNetnsSysfs(netnsPath, func(sys string) error {
+		dir := filepath.Join(sys, "class/net", name)
+		if knobs.GROFlushTimeout != nil {
+			if err := writeAttr(dir, "gro_flush_timeout", strconv.FormatUint(*knobs.GROFlushTimeout, 10)); err != nil {
+				return err
+			}
+		}
+		if knobs.DeferHardIRQs != nil {
+			if err := writeAttr(dir, "napi_defer_hard_irqs", strconv.FormatUint(uint64(*knobs.DeferHardIRQs), 10)); err != nil {
+				return err
+			}
+		}
+		if knobs.Threaded {
+			if err := writeAttr(dir, "threaded", "1"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// ReadSysfs reads the sysfs attributes of tap name in the netns at netnsPath.
+func ReadSysfs(netnsPath, name string) (*SysfsAttrs, error) {
+	var a SysfsAttrs
+	err := inNetnsSysfs(netnsPath, func(sys string) error {
+		dir := filepath.Join(sys, "class/net", name)
+		read := func(attr string, base int, bits int) (int64, error) {
+			raw, err := os.ReadFile(filepath.Join(dir, attr))
+			if err != nil {
+				return 0, err
+			}
+			s := strings.TrimSpace(string(raw))
+			if base == 16 {
+				s = strings.TrimPrefix(s, "0x")
+				v, err := strconv.ParseUint(s, 16, bits)
+				return int64(v), err
+			}
+			return strconv.ParseInt(s, base, bits)
+		}
+		var vals [6]int64
+		for i, attr := range []struct {
+			name       string
+			base, bits int
+		}{{"tun_flags", 16, 32}, {"owner", 10, 64}, {"group", 10, 64}, {"threaded", 10, 8}, {"gro_flush_timeout", 10, 64}, {"napi_defer_hard_irqs", 10, 64}} {
+			v, err := read(attr.name, attr.base, attr.bits)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", attr.name, err)
+			}
+			vals[i] = v
+		}
+		a = SysfsAttrs{TunFlags: uint32(vals[0]), Owner: vals[1], Group: vals[2], Threaded: vals[3] != 0,
+			GROFlushTimeout: uint64(vals[4]), DeferHardIRQs: uint32(vals[5])}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+func writeAttr(dir, attr, value string) error {
+	if err := os.WriteFile(filepath.Join(dir, attr), []byte(value), 0); err != nil {
+		return fmt.Errorf("write %s=%s: %w", attr, value, err)
+	}
+	return nil
+}
+
+// inNetnsSysfs runs fn with the path of a sysfs mounted from inside the
+// netns at netnsPath. /sys shows the devices of the netns that mounted it,
+// so the tap's attributes need a sysfs of the pod's own. The mount lives in
+// a private mount namespace of a thread that exits afterwards.
+func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the Go runtime ends this thread with the goroutine,
+		// and its netns and mount namespace with it.
+		runtime.LockOSThread()
+		errc <- func() error {
+			netns, err := ns.GetNS(netnsPath)
+			if err != nil {
+				return err
+			}
+			defer netns.Close()
+			if err := netns.Set(); err != nil {
+				return fmt.Errorf("enter netns %s: %w", netnsPath, err)
+			}
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("unshare mount namespace: %w", err)
+			}
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+				return fmt.Errorf("make mounts private: %w", err)
+			}
+			if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV, ""); err != nil {
+				return fmt.Errorf("mount sysfs for netns %s: %w", netnsPath, err)
+			}
+			return fn("/sys")
+		}()
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("netns %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+func withNetNS(netnsPath string, fn func() error) error {
+	return ns.WithNetNSPath(netnsPath, func(ns.NetNS) error { return fn() })
+}

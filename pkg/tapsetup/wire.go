@@ -1,0 +1,213 @@
+package tapsetup
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// RedirectPriority is the tc priority of napitap's filters, so that DEL and
+// CHECK find exactly the filters napitap made and nobody else's.
+const RedirectPriority = 0x4e41
+
+// WireRedirect joins peer and tap with a matchall + mirred egress redirect
+// on the ingress of each, the way tc-redirect-tap and Kata's tcfilter do:
+// what arrives on one leaves through the other. On error it undoes itself.
+func WireRedirect(peerName, tapName string) (err error) {
+	peer, err := netlinksafe.LinkByName(peerName)
+	if err != nil {
+		return fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	tap, err := netlinksafe.LinkByName(tapName)
+	if err != nil {
+		return fmt.Errorf("tap %q: %w", tapName, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = UnwireRedirect(peerName)
+		}
+	}()
+	for _, pair := range [][2]netlink.Link{{peer, tap}, {tap, peer}} {
+		from, to := pair[0], pair[1]
+		if err := ensureClsact(from); err != nil {
+			return err
+		}
+		filter := &netlink.MatchAll{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: from.Attrs().Index,
+				Parent:    netlink.HANDLE_MIN_INGRESS,
+				Priority:  RedirectPriority,
+				Protocol:  unix.ETH_P_ALL,
+			},
+			Actions: []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
+		}
+		if err := netlink.FilterAdd(filter); err != nil {
+			return fmt.Errorf("redirect filter %q -> %q: %w", from.Attrs().Name, to.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+func ensureClsact(link netlink.Link) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: link.Attrs().Index,
+			Handle:    netlink.MakeHandle(0xffff, 0),
+			Parent:    netlink.HANDLE_CLSACT,
+		},
+		QdiscType: "clsact",
+	}
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("clsact qdisc on %q: %w", link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// UnwireRedirect removes napitap's filters from peer (the tap's go with the
+// tap) and the clsact qdisc if nothing else uses it. A missing peer is fine.
+func UnwireRedirect(peerName string) error {
+	peer, err := netlinksafe.LinkByName(peerName)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	filters, err := RedirectFilters(peer)
+	if err != nil {
+		return err
+	}
+	for _, f := range filters {
+		if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete redirect filter on %q: %w", peerName, err)
+		}
+	}
+	return removeClsactIfUnused(peer)
+}
+
+// RedirectFilters lists napitap's redirect filters on the ingress of link.
+func RedirectFilters(link netlink.Link) ([]*netlink.MatchAll, error) {
+	all, err := netlinksafe.FilterList(link, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil, nil // no clsact qdisc
+		}
+		return nil, fmt.Errorf("list filters on %q: %w", link.Attrs().Name, err)
+	}
+	var ours []*netlink.MatchAll
+	for _, f := range all {
+		if m, ok := f.(*netlink.MatchAll); ok && m.Priority == RedirectPriority {
+			ours = append(ours, m)
+		}
+	}
+	return ours, nil
+}
+
+// RedirectTarget returns the ifindex napitap's filter on link redirects to,
+// or 0 when there is no such filter.
+func RedirectTarget(link netlink.Link) (int, error) {
+	filters, err := RedirectFilters(link)
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range filters {
+		for _, a := range f.Actions {
+			if m, ok := a.(*netlink.MirredAction); ok && m.MirredAction == netlink.TCA_EGRESS_REDIR {
+				return m.Ifindex, nil
+			}
+		}
+	}
+	return 0, nil
+}
+
+func removeClsactIfUnused(link netlink.Link) error {
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		filters, err := netlinksafe.FilterList(link, parent)
+		if err != nil || len(filters) > 0 {
+			return nil // someone else's filters, or no clsact at all
+		}
+	}
+	qdiscs, err := netlinksafe.QdiscList(link)
+	if err != nil {
+		return fmt.Errorf("list qdiscs on %q: %w", link.Attrs().Name, err)
+	}
+	for _, q := range qdiscs {
+		if q.Type() == "clsact" {
+			if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("delete clsact qdisc on %q: %w", link.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// WireBridge makes bridge brName in the current netns and enslaves peer and
+// tap to it, as KubeVirt's bridge binding does. The guest takes the peer's
+// MAC, so the peer gets newPeerMAC: a bridge keeps its ports' own MACs for
+// itself and would never forward frames for them to the tap.
+func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (err error) {
+	peer, err := netlinksafe.LinkByName(peerName)
+	if err != nil {
+		return fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	tap, err := netlinksafe.LinkByName(tapName)
+	if err != nil {
+		return fmt.Errorf("tap %q: %w", tapName, err)
+	}
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName, MTU: peer.Attrs().MTU}}
+	if err := netlink.LinkAdd(br); err != nil {
+		return fmt.Errorf("bridge %q: create: %w", brName, err)
+	}
+	oldPeerMAC := peer.Attrs().HardwareAddr
+	defer func() {
+		if err != nil {
+			_ = UnwireBridge(brName, peerName, oldPeerMAC)
+		}
+	}()
+	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
+		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
+	}
+	for _, port := range []netlink.Link{peer, tap} {
+		if err := netlink.LinkSetMaster(port, br); err != nil {
+			return fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
+		}
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return fmt.Errorf("bridge %q: set up: %w", brName, err)
+	}
+	return nil
+}
+
+// UnwireBridge deletes bridge brName if it is a bridge, and gives the peer
+// back its MAC when peerMAC is known. Everything already gone is fine.
+func UnwireBridge(brName, peerName string, peerMAC net.HardwareAddr) error {
+	if link, err := netlinksafe.LinkByName(brName); err == nil {
+		if _, ok := link.(*netlink.Bridge); ok {
+			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+				return fmt.Errorf("bridge %q: delete: %w", brName, err)
+			}
+		}
+	} else if !isNotFound(err) {
+		return fmt.Errorf("bridge %q: %w", brName, err)
+	}
+	if peerMAC == nil {
+		return nil
+	}
+	peer, err := netlinksafe.LinkByName(peerName)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	if peer.Attrs().HardwareAddr.String() != peerMAC.String() {
+		if err := netlink.LinkSetHardwareAddr(peer, peerMAC); err != nil {
+			return fmt.Errorf("interface %q: restore mac %s: %w", peerName, peerMAC, err)
+		}
+	}
+	return nil
+}

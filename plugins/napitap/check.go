@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// checkTap compares the tap and its wiring in netnsPath with conf and names
+// every difference it finds.
+func checkTap(conf *config.Config, netnsPath string) error {
+	tap, err := tapsetup.Inspect(netnsPath, conf.TapName)
+	if err != nil {
+		return err
+	}
+	var drift []string
+	differs := func(what string, want, have any) {
+		if fmt.Sprint(want) != fmt.Sprint(have) {
+			drift = append(drift, fmt.Sprintf("%s is %v, config wants %v", what, have, want))
+		}
+	}
+	attrs := tap.Link.Attrs()
+	differs("multiqueue", conf.Queues > 1, tap.MultiQueue)
+	differs("vnet_hdr", conf.VnetHdr, tap.VnetHdr)
+	differs("persist", true, tap.Persistent)
+	differs("up", true, tap.Up)
+	if tap.Link.Queues > conf.Queues {
+		drift = append(drift, fmt.Sprintf("%d queues are attached, config allows %d", tap.Link.Queues, conf.Queues))
+	}
+	if conf.MAC != nil {
+		differs("mac", conf.MAC, attrs.HardwareAddr)
+	}
+	if conf.TxQueueLen != nil {
+		differs("txqueuelen", *conf.TxQueueLen, attrs.TxQLen)
+	}
+	differs("owner", idOrUnset(conf.Owner), tap.Sysfs.Owner)
+	differs("group", idOrUnset(conf.Group), tap.Sysfs.Group)
+	if conf.ThreadedNAPI {
+		differs("threaded NAPI", true, tap.Sysfs.Threaded)
+	}
+	if conf.GROFlushTimeout != nil {
+		differs("gro_flush_timeout", *conf.GROFlushTimeout, tap.Sysfs.GROFlushTimeout)
+	}
+	if conf.NAPIDeferHardIRQs != nil {
+		differs("napi_defer_hard_irqs", *conf.NAPIDeferHardIRQs, tap.Sysfs.DeferHardIRQs)
+	}
+
+	err = ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+		wiringDrift, err := checkWiring(conf, tap.Link)
+		drift = append(drift, wiringDrift...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, netnsPath, err)
+	}
+	if len(drift) > 0 {
+		return fmt.Errorf("tap %q in netns %s: %s", conf.TapName, netnsPath, strings.Join(drift, "; "))
+	}
+	return nil
+}
+
+// checkWiring runs in the pod netns. MTU is checked here because in chained
+// wirings it defaults to the peer's.
+func checkWiring(conf *config.Config, tap netlink.Link) (drift []string, err error) {
+	wantMTU := conf.MTU
+	var peer netlink.Link
+	if conf.PeerIfName != "" {
+		if peer, err = netlinksafe.LinkByName(conf.PeerIfName); err != nil {
+			return nil, fmt.Errorf("interface %q: %w", conf.PeerIfName, err)
+		}
+		if wantMTU == 0 {
+			wantMTU = peer.Attrs().MTU
+		}
+	}
+	if wantMTU != 0 && tap.Attrs().MTU != wantMTU {
+		drift = append(drift, fmt.Sprintf("mtu is %d, want %d", tap.Attrs().MTU, wantMTU))
+	}
+
+	switch conf.Wiring {
+	case config.WiringTCRedirect:
+		for _, pair := range [][2]netlink.Link{{peer, tap}, {tap, peer}} {
+			target, err := tapsetup.RedirectTarget(pair[0])
+			if err != nil {
+				return nil, err
+			}
+			if target != pair[1].Attrs().Index {
+				drift = append(drift, fmt.Sprintf("no redirect filter from %q to %q", pair[0].Attrs().Name, pair[1].Attrs().Name))
+			}
+		}
+	case config.WiringBridge:
+		br, err := netlinksafe.LinkByName(conf.Bridge)
+		if err != nil {
+			return append(drift, fmt.Sprintf("bridge %q is missing", conf.Bridge)), nil
+		}
+		for _, port := range []netlink.Link{peer, tap} {
+			if port.Attrs().MasterIndex != br.Attrs().Index {
+				drift = append(drift, fmt.Sprintf("%q is not a port of bridge %q", port.Attrs().Name, conf.Bridge))
+			}
+		}
+	}
+	return drift, nil
+}
+
+func idOrUnset(id *uint32) int64 {
+	if id == nil {
+		return -1
+	}
+	return int64(*id)
+}

@@ -1,0 +1,362 @@
+// napitap is a CNI plugin that gives a VM pod a multiqueue tap whose queues
+// are opened with IFF_NAPI, wired to the interface of the plugin before it.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// buildVersion is set at link time (-X main.buildVersion=...).
+var buildVersion = "dev"
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add:    cmdAdd,
+		Del:    cmdDel,
+		Check:  cmdCheck,
+		Status: cmdStatus,
+		GC:     cmdGC,
+	}, version.PluginSupports(config.SupportedVersions...), "napitap "+buildVersion+": NAPI multiqueue taps for VM pods")
+}
+
+func cmdAdd(args *skel.CmdArgs) (err error) {
+	conf, err := config.Load(args.StdinData, attachment(args, false))
+	if err != nil {
+		return err
+	}
+	if err := conf.RequirePeer(); err != nil {
+		return err
+	}
+	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	netns, err := openNetNS(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer netns.Close()
+
+	var ipamResult *current.Result
+	if conf.IPAM.Type != "" {
+		var r types.Result
+		if r, err = ipam.ExecAdd(conf.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = ipam.ExecDel(conf.IPAM.Type, args.StdinData)
+			}
+		}()
+		if ipamResult, err = current.NewResultFromResult(r); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+		if len(ipamResult.IPs) == 0 {
+			return fmt.Errorf("ipam %q returned no IP addresses", conf.IPAM.Type)
+		}
+	}
+
+	var tap netlink.Link
+	var guestMAC net.HardwareAddr
+	err = netns.Do(func(ns.NetNS) (err error) {
+		spec := tapSpec(conf)
+		var peer netlink.Link
+		if conf.PeerIfName != "" {
+			if peer, err = netlinksafe.LinkByName(conf.PeerIfName); err != nil {
+				return fmt.Errorf("interface %q from prevResult: %w", conf.PeerIfName, err)
+			}
+			if spec.MTU == 0 {
+				spec.MTU = peer.Attrs().MTU // the guest inherits the pod interface's path
+			}
+			guestMAC = peer.Attrs().HardwareAddr
+			if conf.Wiring == config.WiringBridge && conf.MAC.String() == guestMAC.String() {
+				return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("mac: %s is the guest's MAC; in bridge wiring the tap needs another", conf.MAC), "")
+			}
+		}
+
+		created, queues, err := tapsetup.Create(spec)
+		if err != nil {
+			return fmt.Errorf("netns %s: %w", args.Netns, err)
+		}
+		// Until the hand-off keeps them, the queues live only for this ADD.
+		defer tapsetup.CloseQueues(queues)
+		defer func() {
+			if err != nil {
+				_ = unwire(conf, args.IfName, guestMAC)
+				_ = tapsetup.DeleteTap(conf.TapName)
+			}
+		}()
+
+		// While every queue is attached (DESIGN.md fact 9).
+		knobs := tapsetup.NAPIKnobs{Threaded: conf.ThreadedNAPI, GROFlushTimeout: conf.GROFlushTimeout, DeferHardIRQs: conf.NAPIDeferHardIRQs}
+		if err := tapsetup.ApplyNAPIKnobs(args.Netns, conf.TapName, knobs); err != nil {
+			return fmt.Errorf("tap %q: NAPI settings: %w", conf.TapName, err)
+		}
+
+		switch conf.Wiring {
+		case config.WiringTCRedirect:
+			err = tapsetup.WireRedirect(conf.PeerIfName, conf.TapName)
+		case config.WiringBridge:
+			err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC())
+		}
+		if err != nil {
+			return fmt.Errorf("netns %s: %w", args.Netns, err)
+		}
+		if err := netlink.LinkSetUp(created); err != nil {
+			return fmt.Errorf("tap %q in netns %s: set up: %w", conf.TapName, args.Netns, err)
+		}
+		if ipamResult != nil {
+			ipamResult.Interfaces = []*current.Interface{{Name: conf.TapName}}
+			ipamResult.IPs = withInterface(ipamResult.IPs, 0)
+			if err := ipam.ConfigureIface(conf.TapName, ipamResult); err != nil {
+				return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
+			}
+		}
+		tap, err = netlinksafe.LinkByName(conf.TapName)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(buildResult(conf, args, tap, guestMAC, ipamResult), conf.CNIVersion)
+}
+
+// buildResult lists the previous interfaces, then the tap, then, for chained
+// wirings, the guest NIC (sandbox = container ID) that takes over the
+// previous interface's addresses: the runtime configures the guest from it.
+func buildResult(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, guestMAC net.HardwareAddr, ipamResult *current.Result) *current.Result {
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, DNS: conf.DNS}
+	if conf.PrevResult != nil {
+		result = conf.PrevResult
+	}
+	result.Interfaces = append(result.Interfaces, &current.Interface{
+		Name:    tap.Attrs().Name,
+		Mac:     tap.Attrs().HardwareAddr.String(),
+		Mtu:     tap.Attrs().MTU,
+		Sandbox: args.Netns,
+	})
+	tapIndex := len(result.Interfaces) - 1
+
+	if ipamResult != nil {
+		result.IPs = withInterface(ipamResult.IPs, tapIndex)
+		result.Routes = ipamResult.Routes
+		if ipamResult.DNS.Nameservers != nil {
+			result.DNS = ipamResult.DNS
+		}
+	}
+	if conf.Wiring == config.WiringNone {
+		return result
+	}
+
+	peerIndex := -1
+	for i, iface := range result.Interfaces {
+		if iface.Name == conf.PeerIfName && iface.Sandbox != "" {
+			peerIndex = i
+			break
+		}
+	}
+	result.Interfaces = append(result.Interfaces, &current.Interface{
+		Name:    args.IfName,
+		Mac:     guestMAC.String(),
+		Mtu:     tap.Attrs().MTU,
+		Sandbox: args.ContainerID,
+	})
+	guestIndex := len(result.Interfaces) - 1
+	for _, ipc := range result.IPs {
+		if ipc.Interface != nil && *ipc.Interface == peerIndex {
+			ipc.Interface = current.Int(guestIndex)
+		}
+	}
+	return result
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, attachment(args, true))
+	if err != nil {
+		return err
+	}
+	if conf.IPAM.Type != "" {
+		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+	}
+	if args.Netns == "" {
+		return nil
+	}
+	err = ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
+		var guestMAC net.HardwareAddr
+		if peer := conf.PrevSandboxInterface(); peer != nil {
+			guestMAC, _ = net.ParseMAC(peer.Mac)
+		}
+		if err := unwire(conf, args.IfName, guestMAC); err != nil {
+			return err
+		}
+		for _, name := range tapsToDelete(conf, args.IfName) {
+			if err := tapsetup.DeleteTap(name); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+				return err
+			}
+		}
+		return nil
+	})
+	if isGone(err) {
+		return nil // the runtime removed the netns, and the tap with it
+	}
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", args.Netns, err)
+	}
+	return nil
+}
+
+// tapsToDelete names the taps DEL removes. Before spec 0.4.0 DEL comes
+// without prevResult, so a defaulted wiring cannot be told from the config;
+// try the chained name as well. Only tuntap links are ever deleted.
+func tapsToDelete(conf *config.Config, ifName string) []string {
+	names := []string{conf.TapName}
+	if !conf.WiringGiven && !conf.TapNameGiven && conf.PrevResult == nil {
+		names = append(names, config.DefaultTapName(ifName, config.WiringTCRedirect))
+	}
+	return names
+}
+
+// unwire undoes the wiring; a defaulted wiring seen without prevResult may
+// have been tc-redirect on ifName, so its filters go too.
+func unwire(conf *config.Config, ifName string, guestMAC net.HardwareAddr) error {
+	switch conf.Wiring {
+	case config.WiringBridge:
+		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, guestMAC)
+	case config.WiringTCRedirect:
+		return tapsetup.UnwireRedirect(conf.PeerIfName)
+	}
+	if !conf.WiringGiven && conf.PrevResult == nil {
+		return tapsetup.UnwireRedirect(ifName)
+	}
+	return nil
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, attachment(args, true))
+	if err != nil {
+		return err
+	}
+	if err := conf.RequirePeer(); err != nil {
+		return err
+	}
+	netns, err := openNetNS(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer netns.Close()
+	if conf.IPAM.Type != "" {
+		if err := ipam.ExecCheck(conf.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+	}
+	return checkTap(conf, args.Netns)
+}
+
+// cmdStatus reports whether napitap can serve ADD for this config now.
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, config.Attachment{CNIArgs: args.Args})
+	if err != nil {
+		return err
+	}
+	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	if conf.IPAM.Type != "" {
+		if err := ipam.ExecStatus(conf.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+	}
+	return nil
+}
+
+// cmdGC: napitap holds nothing outside the pod netns yet, so GC of an
+// attachment not in cni.dev/valid-attachments is IPAM's alone.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, config.Attachment{CNIArgs: args.Args})
+	if err != nil {
+		return err
+	}
+	if conf.IPAM.Type != "" {
+		if err := invoke.DelegateGC(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
+			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		}
+	}
+	return nil
+}
+
+func attachment(args *skel.CmdArgs, finalResult bool) config.Attachment {
+	return config.Attachment{ContainerID: args.ContainerID, IfName: args.IfName, CNIArgs: args.Args, FinalResult: finalResult}
+}
+
+func queueFlags(conf *config.Config) tapsetup.QueueFlags {
+	return tapsetup.QueueFlags{
+		MultiQueue: conf.Queues > 1,
+		VnetHdr:    conf.VnetHdr,
+		NAPI:       conf.NAPI,
+		NAPIFrags:  conf.NAPIFrags,
+	}
+}
+
+func tapSpec(conf *config.Config) tapsetup.Spec {
+	return tapsetup.Spec{
+		Name:        conf.TapName,
+		Queues:      conf.Queues,
+		Flags:       queueFlags(conf),
+		VnetHdrSize: conf.VnetHdrSize,
+		Owner:       conf.Owner,
+		Group:       conf.Group,
+		MTU:         conf.MTU,
+		MAC:         conf.MAC,
+		TxQueueLen:  conf.TxQueueLen,
+	}
+}
+
+func openNetNS(path string) (ns.NetNS, error) {
+	netns, err := ns.GetNS(path)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS: %v", err), "")
+	}
+	return netns, nil
+}
+
+// isGone: the netns path is missing, or is a file no netns is mounted on
+// any more (what runtimes leave after tearing a sandbox down).
+func isGone(err error) bool {
+	var notExist ns.NSPathNotExistErr
+	var notNS ns.NSPathNotNSErr
+	return errors.As(err, &notExist) || errors.As(err, &notNS)
+}
+
+func withInterface(ips []*current.IPConfig, index int) []*current.IPConfig {
+	for _, ipc := range ips {
+		ipc.Interface = current.Int(index)
+	}
+	return ips
+}
+
+// randomMAC is a locally administered unicast MAC for a bridge port that
+// gives its own MAC to the guest.
+func randomMAC() net.HardwareAddr {
+	mac := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(mac)
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
+}
