@@ -65,8 +65,10 @@ func (g *Guest) Stats() Stats {
 //
 // Cancellation works by setting a read deadline in the past, so every queue
 // must support SetReadDeadline: an fd made non-blocking (unix.SetNonblock)
-// before os.NewFile, so that Go's poller manages it. Serve clears the
-// deadlines before it returns; it never closes the queues.
+// before os.NewFile, so that Go's poller manages it. The fd must already be
+// attached (TUNSETIFF) when os.NewFile sees it: an unattached tun fd polls
+// as EPOLLERR, and the poller then fails every read with "not pollable".
+// Serve clears the deadlines before it returns; it never closes the queues.
 func (g *Guest) Serve(ctx context.Context, queues []*os.File) error {
 	ip := g.IP.To4()
 	switch {

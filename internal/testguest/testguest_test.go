@@ -59,13 +59,27 @@ func TestGuestAnswersARPUDPAndICMP(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve(ctx, queues) }()
+			var (
+				served   bool
+				serveErr error
+			)
+			// wait reports whether Serve has returned within d.
+			wait := func(d time.Duration) bool {
+				if !served {
+					select {
+					case serveErr = <-errc:
+						served = true
+					case <-time.After(d):
+					}
+				}
+				return served
+			}
 			// Registered after createTap's cleanups, so Serve is gone
 			// before the queues close.
-			served := false
 			t.Cleanup(func() {
 				cancel()
-				if !served {
-					<-errc
+				if !wait(5 * time.Second) {
+					t.Error("Serve still running 5s after cancel")
 				}
 			})
 
@@ -76,18 +90,18 @@ func TestGuestAnswersARPUDPAndICMP(t *testing.T) {
 				return icmpEcho(g.IP)
 			})
 			if err != nil {
+				if wait(0) {
+					t.Errorf("Serve returned early: %v", serveErr)
+				}
 				t.Fatalf("in netns %s: %v (guest stats %+v)", netns.Path(), err, g.Stats())
 			}
 
 			cancel()
-			select {
-			case err := <-errc:
-				served = true
-				if err != nil {
-					t.Fatalf("Serve: %v", err)
-				}
-			case <-time.After(2 * time.Second):
+			if !wait(2 * time.Second) {
 				t.Fatal("Serve did not return within 2s of cancel")
+			}
+			if serveErr != nil {
+				t.Fatalf("Serve: %v", serveErr)
 			}
 			st := g.Stats()
 			t.Logf("stats: %+v", st)
@@ -260,15 +274,20 @@ func createTap(t *testing.T, netns ns.NetNS, name string, vnetHdrLen, nQueues in
 			if err != nil {
 				return err
 			}
-			queues = append(queues, os.NewFile(uintptr(fd), fmt.Sprintf("%s queue %d", name, i)))
 			ifr, err := unix.NewIfreq(name)
 			if err != nil {
+				unix.Close(fd)
 				return err
 			}
 			ifr.SetUint16(flags)
 			if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+				unix.Close(fd)
 				return fmt.Errorf("TUNSETIFF queue %d: %w", i, err)
 			}
+			// Only now: os.NewFile registers the fd with epoll, and an
+			// unattached tun fd polls as EPOLLERR, which Go's poller
+			// remembers as "not pollable" for good.
+			queues = append(queues, os.NewFile(uintptr(fd), fmt.Sprintf("%s queue %d", name, i)))
 		}
 		if vnetHdrLen > 0 {
 			fd, err := queues[0].SyscallConn()

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -141,8 +142,7 @@ type Attachment struct {
 // undecodable JSON, 7 for invalid values, 4 for invalid CNI_ variables.
 func Load(stdin []byte, att Attachment) (*Config, error) {
 	var nc NetConf
-	dec := json.NewDecoder(bytes.NewReader(stdin))
-	if err := dec.Decode(&nc); err != nil {
+	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return nil, decodeError(err)
 	}
 	if !slices.Contains(SupportedVersions, nc.CNIVersion) {
@@ -187,7 +187,9 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		return nil, err
 	}
 	c.MAC = mac
-	applyPodArgs(c, nc.Args.CNI)
+	if err := applyPodArgs(c, nc.Args.CNI); err != nil {
+		return nil, err
+	}
 
 	c.containerID = att.ContainerID
 	if err := c.resolveWiring(att.IfName, nc.TapName, att.FinalResult); err != nil {
@@ -226,13 +228,19 @@ func resolveMAC(nc *NetConf, cniArgs string) (net.HardwareAddr, error) {
 		if hw[0]&1 != 0 {
 			return nil, invalid(cand.field, "%q is a multicast address", cand.value)
 		}
+		if bytes.Equal(hw, make([]byte, 6)) {
+			return nil, invalid(cand.field, "%q is the all-zero address", cand.value)
+		}
 		mac = hw
 	}
 	return mac, nil
 }
 
-func applyPodArgs(c *Config, a PodArgs) {
+func applyPodArgs(c *Config, a PodArgs) error {
 	if a.Queues != nil {
+		if *a.Queues < 1 || *a.Queues > MaxQueues {
+			return invalid("args.cni.queues", "%d is out of range 1-%d", *a.Queues, MaxQueues)
+		}
 		c.Queues = *a.Queues
 	}
 	if a.NAPI != nil {
@@ -244,6 +252,7 @@ func applyPodArgs(c *Config, a PodArgs) {
 	if a.GROFlushTimeout != nil {
 		c.GROFlushTimeout = a.GROFlushTimeout
 	}
+	return nil
 }
 
 // resolveWiring picks the wiring mode, the peer interface and the tap name.
@@ -279,7 +288,7 @@ func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 	if c.TapName == "" {
 		c.TapName = DefaultTapName(ifName, c.Wiring)
 	}
-	if c.Wiring == WiringBridge && c.Bridge == "" {
+	if c.Wiring == WiringBridge && c.Bridge == "" && c.TapName != "" {
 		c.Bridge = "br-" + truncate(c.TapName, 12)
 	}
 	return nil
@@ -356,14 +365,20 @@ func (c *Config) validate() error {
 	if c.NAPIFrags && !c.NAPI {
 		return invalid("napiFrags", "requires napi")
 	}
+	if c.ThreadedNAPI && !c.NAPI {
+		return invalid("threadedNapi", "requires napi: a tap without NAPI has nothing to thread")
+	}
 	if c.VnetHdrSize != 10 && c.VnetHdrSize != 12 {
 		return invalid("vnetHdrSize", "%d is not 10 or 12", c.VnetHdrSize)
 	}
 	if c.MTU != 0 && (c.MTU < minMTU || c.MTU > maxMTU) {
 		return invalid("mtu", "%d is out of range %d-%d", c.MTU, minMTU, maxMTU)
 	}
-	if c.TxQueueLen != nil && *c.TxQueueLen < 0 {
-		return invalid("txQueueLen", "%d is negative", *c.TxQueueLen)
+	if c.NAPIDeferHardIRQs != nil && *c.NAPIDeferHardIRQs > math.MaxInt32 {
+		return invalid("napiDeferHardIrqs", "%d is above the kernel's limit %d", *c.NAPIDeferHardIRQs, math.MaxInt32)
+	}
+	if c.TxQueueLen != nil && (*c.TxQueueLen < 0 || *c.TxQueueLen > math.MaxInt32) {
+		return invalid("txQueueLen", "%d is out of range 0-%d", *c.TxQueueLen, math.MaxInt32)
 	}
 	if c.Owner != nil && *c.Owner == uidInvalid {
 		return invalid("owner", "%d is not a valid uid", *c.Owner)
@@ -418,7 +433,9 @@ func ValidateLinkName(name string) error {
 func decodeError(err error) error {
 	var typeErr *json.UnmarshalTypeError
 	if errors.As(err, &typeErr) && typeErr.Field != "" {
-		return invalid(typeErr.Field, "must be %s, not a JSON %s", describeType(typeErr.Type.String()), typeErr.Value)
+		// Fields of the embedded types.PluginConf come prefixed with its name.
+		field := strings.TrimPrefix(typeErr.Field, "PluginConf.")
+		return invalid(field, "must be %s, not a JSON %s", describeType(typeErr.Type.String()), typeErr.Value)
 	}
 	return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network config: %v", err), "")
 }
@@ -434,8 +451,10 @@ func describeType(goType string) string {
 		return "a non-negative integer"
 	case strings.HasPrefix(goType, "int"):
 		return "an integer"
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
 	}
-	return goType
+	return "an object"
 }
 
 func invalid(field, format string, a ...any) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -14,9 +15,11 @@ import (
 // CHECK find exactly the filters napitap made and nobody else's.
 const RedirectPriority = 0x4e41
 
-// WireRedirect joins peer and tap with a matchall + mirred egress redirect
-// on the ingress of each, the way tc-redirect-tap and Kata's tcfilter do:
-// what arrives on one leaves through the other. On error it undoes itself.
+// WireRedirect joins peer and tap with a match-all u32 filter and a mirred
+// egress redirect on the ingress of each, the way tc-redirect-tap and Kata's
+// tcfilter do: what arrives on one leaves through the other. u32, not
+// matchall, because u32 is in every kernel config that has mirred. On error
+// it undoes itself.
 func WireRedirect(peerName, tapName string) (err error) {
 	peer, err := netlinksafe.LinkByName(peerName)
 	if err != nil {
@@ -36,7 +39,8 @@ func WireRedirect(peerName, tapName string) (err error) {
 		if err := ensureClsact(from); err != nil {
 			return err
 		}
-		filter := &netlink.MatchAll{
+		// A nil selector is netlink's match-all u32.
+		filter := &netlink.U32{
 			FilterAttrs: netlink.FilterAttrs{
 				LinkIndex: from.Attrs().Index,
 				Parent:    netlink.HANDLE_MIN_INGRESS,
@@ -81,8 +85,15 @@ func UnwireRedirect(peerName string) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range filters {
-		if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+	if len(filters) > 0 {
+		// Handle 0 deletes napitap's whole priority, hash table included.
+		ours := &netlink.U32{FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: peer.Attrs().Index,
+			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Priority:  RedirectPriority,
+			Protocol:  unix.ETH_P_ALL,
+		}}
+		if err := netlink.FilterDel(ours); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete redirect filter on %q: %w", peerName, err)
 		}
 	}
@@ -90,7 +101,7 @@ func UnwireRedirect(peerName string) error {
 }
 
 // RedirectFilters lists napitap's redirect filters on the ingress of link.
-func RedirectFilters(link netlink.Link) ([]*netlink.MatchAll, error) {
+func RedirectFilters(link netlink.Link) ([]*netlink.U32, error) {
 	all, err := netlinksafe.FilterList(link, netlink.HANDLE_MIN_INGRESS)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
@@ -98,9 +109,9 @@ func RedirectFilters(link netlink.Link) ([]*netlink.MatchAll, error) {
 		}
 		return nil, fmt.Errorf("list filters on %q: %w", link.Attrs().Name, err)
 	}
-	var ours []*netlink.MatchAll
+	var ours []*netlink.U32
 	for _, f := range all {
-		if m, ok := f.(*netlink.MatchAll); ok && m.Priority == RedirectPriority {
+		if m, ok := f.(*netlink.U32); ok && m.Priority == RedirectPriority {
 			ours = append(ours, m)
 		}
 	}
@@ -146,9 +157,11 @@ func removeClsactIfUnused(link netlink.Link) error {
 }
 
 // WireBridge makes bridge brName in the current netns and enslaves peer and
-// tap to it, as KubeVirt's bridge binding does. The guest takes the peer's
-// MAC, so the peer gets newPeerMAC: a bridge keeps its ports' own MACs for
-// itself and would never forward frames for them to the tap.
+// tap to it, as KubeVirt's bridge binding does: the guest takes the peer's
+// MAC and addresses. So the peer gets newPeerMAC, since a bridge keeps its
+// ports' own MACs for itself and would never forward frames for them to the
+// tap, and loses its addresses, since the pod's stack would otherwise answer
+// ARP for them through the bridge.
 func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (err error) {
 	peer, err := netlinksafe.LinkByName(peerName)
 	if err != nil {
@@ -162,7 +175,7 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (
 	if err := netlink.LinkAdd(br); err != nil {
 		return fmt.Errorf("bridge %q: create: %w", brName, err)
 	}
-	oldPeerMAC := peer.Attrs().HardwareAddr
+	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
 	defer func() {
 		if err != nil {
 			_ = UnwireBridge(brName, peerName, oldPeerMAC)
@@ -170,6 +183,15 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (
 	}()
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
 		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
+	}
+	removed, err := flushAddrs(peer)
+	defer func() {
+		if err != nil {
+			restoreAddrs(peer, removed)
+		}
+	}()
+	if err != nil {
+		return err
 	}
 	for _, port := range []netlink.Link{peer, tap} {
 		if err := netlink.LinkSetMaster(port, br); err != nil {
@@ -180,6 +202,32 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (
 		return fmt.Errorf("bridge %q: set up: %w", brName, err)
 	}
 	return nil
+}
+
+// flushAddrs removes the peer's global addresses; link-local ones stay, the
+// kernel owns them.
+func flushAddrs(link netlink.Link) (removed []netlink.Addr, err error) {
+	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("interface %q: list addresses: %w", link.Attrs().Name, err)
+	}
+	for _, addr := range addrs {
+		if addr.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if err := netlink.AddrDel(link, &addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return removed, fmt.Errorf("interface %q: remove address %s: %w", link.Attrs().Name, addr.IPNet, err)
+		}
+		removed = append(removed, addr)
+	}
+	return removed, nil
+}
+
+// restoreAddrs gives back what flushAddrs took, for a failed ADD.
+func restoreAddrs(link netlink.Link, addrs []netlink.Addr) {
+	for _, addr := range addrs {
+		_ = netlink.AddrAdd(link, &netlink.Addr{IPNet: addr.IPNet})
+	}
 }
 
 // UnwireBridge deletes bridge brName if it is a bridge, and gives the peer

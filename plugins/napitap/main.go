@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -84,7 +85,8 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			if spec.MTU == 0 {
 				spec.MTU = peer.Attrs().MTU // the guest inherits the pod interface's path
 			}
-			guestMAC = peer.Attrs().HardwareAddr
+			// netlink's attributes alias its receive buffer.
+			guestMAC = slices.Clone(peer.Attrs().HardwareAddr)
 			if conf.Wiring == config.WiringBridge && conf.MAC.String() == guestMAC.String() {
 				return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("mac: %s is the guest's MAC; in bridge wiring the tap needs another", conf.MAC), "")
 			}
@@ -98,7 +100,6 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		defer tapsetup.CloseQueues(queues)
 		defer func() {
 			if err != nil {
-				_ = unwire(conf, args.IfName, guestMAC)
 				_ = tapsetup.DeleteTap(conf.TapName)
 			}
 		}()
@@ -116,8 +117,13 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC())
 		}
 		if err != nil {
-			return fmt.Errorf("netns %s: %w", args.Netns, err)
+			return fmt.Errorf("netns %s: %w", args.Netns, err) // the wiring undid itself
 		}
+		defer func() {
+			if err != nil {
+				_ = unwire(conf, args.IfName, guestMAC)
+			}
+		}()
 		if err := netlink.LinkSetUp(created); err != nil {
 			return fmt.Errorf("tap %q in netns %s: set up: %w", conf.TapName, args.Netns, err)
 		}

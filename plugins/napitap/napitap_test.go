@@ -1,0 +1,441 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/testguest"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+var allVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+type scenario struct {
+	name    string
+	plugins func(e *env) []string
+	ifName  string
+	tapName string
+	chained bool
+	// takesPeerIdentity: bridge wiring moves the peer's MAC and addresses to
+	// the guest, so the previous plugin's own CHECK no longer agrees.
+	takesPeerIdentity bool
+}
+
+var scenarios = []scenario{
+	{
+		name:    "standalone with host-local IPAM",
+		plugins: func(e *env) []string { return []string{`{"type":"napitap","queues":4,"ipam":` + e.ipam() + `}`} },
+		ifName:  "tap0",
+		tapName: "tap0",
+	},
+	{
+		name:    "chained after bridge with tc-redirect",
+		plugins: func(e *env) []string { return []string{e.bridgePlugin(), `{"type":"napitap","queues":4}`} },
+		ifName:  "eth0",
+		tapName: "tap0",
+		chained: true,
+	},
+	{
+		name: "chained after bridge with a bridge in the pod",
+		plugins: func(e *env) []string {
+			return []string{e.bridgePlugin(), `{"type":"napitap","queues":2,"wiring":"bridge"}`}
+		},
+		ifName:            "net1",
+		tapName:           "tap1",
+		chained:           true,
+		takesPeerIdentity: true,
+	},
+	{
+		name:    "chained after ptp with tc-redirect",
+		plugins: func(e *env) []string { return []string{e.ptpPlugin(), `{"type":"napitap","queues":3}`} },
+		ifName:  "eth0",
+		tapName: "tap0",
+		chained: true,
+	},
+}
+
+// TestEveryVerbInEverySpecVersion drives each wiring through libcni in every
+// spec version napitap speaks: ADD, CHECK, STATUS, GC, DEL twice.
+func TestEveryVerbInEverySpecVersion(t *testing.T) {
+	for _, sc := range scenarios {
+		for _, v := range allVersions {
+			t.Run(sc.name+" in spec "+v, func(t *testing.T) {
+				e := newEnv(t)
+				before := e.podLinks()
+				list := e.list(v, sc.plugins(e)...)
+				rt := e.rt(sc.ifName)
+				res := e.mustAdd(list, rt)
+
+				tap := e.inspectTap(sc.tapName)
+				if !tap.Up || !tap.VnetHdr || !tap.Persistent {
+					t.Errorf("tap up=%v vnet_hdr=%v persist=%v, want all true", tap.Up, tap.VnetHdr, tap.Persistent)
+				}
+				if !slices.ContainsFunc(res.Interfaces, func(i *current.Interface) bool {
+					return i.Name == sc.tapName && i.Sandbox == e.pod.Path() && i.Mac == tap.Link.Attrs().HardwareAddr.String()
+				}) {
+					t.Errorf("result lacks the tap %q in the pod netns: %s", sc.tapName, mustJSON(res))
+				}
+				if sc.chained {
+					guest, _ := guestOf(t, res, e.containerID)
+					if guest.Name != sc.ifName {
+						t.Errorf("guest entry is named %q, want %q", guest.Name, sc.ifName)
+					}
+				}
+
+				if v != "0.3.0" && v != "0.3.1" {
+					check := e.check(list, rt)
+					if sc.takesPeerIdentity {
+						check = e.checkNapitapOnly(list, res, sc.ifName)
+					}
+					if check != nil {
+						t.Errorf("CHECK after ADD: %v", check)
+					}
+				}
+				if v == "1.1.0" {
+					ctx := context.Background()
+					if err := e.inHost(func() error { return e.cni.GetStatusNetworkList(ctx, list) }); err != nil {
+						t.Errorf("STATUS: %v", err)
+					}
+					valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: e.containerID, IfName: sc.ifName}}}
+					if err := e.inHost(func() error { return e.cni.GCNetworkList(ctx, list, valid) }); err != nil {
+						t.Errorf("GC: %v", err)
+					}
+					e.inspectTap(sc.tapName) // GC keeps a valid attachment
+				}
+
+				if err := e.del(list, rt); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				if after := e.podLinks(); !slices.Equal(before, after) {
+					t.Errorf("pod netns after DEL: %v, before ADD: %v", after, before)
+				}
+				if err := e.del(list, rt); err != nil {
+					t.Errorf("a second DEL must succeed: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestTrafficCrossesTheWiring plays the guest: it opens the tap's queues the
+// way a VMM would be handed them, answers ARP and echoes UDP, while a peer
+// outside the pod talks to the guest's address.
+func TestTrafficCrossesTheWiring(t *testing.T) {
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			e := newEnv(t)
+			list := e.list("1.1.0", sc.plugins(e)...)
+			rt := e.rt(sc.ifName)
+			res := e.mustAdd(list, rt)
+			t.Cleanup(func() { _ = e.del(list, rt) })
+
+			guest := &testguest.Guest{VnetHdrLen: 12}
+			peerNS := e.host
+			if sc.chained {
+				iface, ipc := guestOf(t, res, e.containerID)
+				guest.MAC, _ = net.ParseMAC(iface.Mac)
+				guest.IP = ipc.Address.IP
+			} else {
+				// Standalone: the pod netns owns the tap's address and is the
+				// peer; the guest takes another address of the subnet.
+				peerNS = e.pod
+				guest.MAC = net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x01}
+				guest.IP = net.IPv4(10, 199, 0, 200)
+			}
+
+			queues := openGuestQueues(t, e, sc.tapName, tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true, NAPI: true})
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- guest.Serve(ctx, queues) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-served; err != nil {
+					t.Errorf("guest: %v", err)
+				}
+			})
+
+			var conn *net.UDPConn
+			peerNS.Run(t, func() (err error) {
+				conn, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: guest.IP, Port: 7777})
+				return err
+			})
+			defer conn.Close()
+			if err := udpRoundTrip(conn, "napitap"); err != nil {
+				t.Fatalf("peer -> guest %s -> peer: %v (guest saw %+v)", guest.IP, err, guest.Stats())
+			}
+			if s := guest.Stats(); s.ARPReplies == 0 || s.UDPEchoes == 0 {
+				t.Errorf("guest stats %+v: want ARP and UDP answered through the tap", s)
+			}
+		})
+	}
+}
+
+// openGuestQueues attaches every configured queue of the tap in the pod
+// netns, non-blocking so the guest can stop on time.
+func openGuestQueues(t *testing.T, e *env, tapName string, flags tapsetup.QueueFlags) []*os.File {
+	t.Helper()
+	tap := e.inspectTap(tapName)
+	n := 1
+	if tap.MultiQueue {
+		n = 2
+	}
+	var files []*os.File
+	e.pod.Run(t, func() error {
+		queues, err := tapsetup.OpenQueues(tapName, n, tapsetup.QueueFlags{MultiQueue: tap.MultiQueue, VnetHdr: flags.VnetHdr, NAPI: flags.NAPI})
+		if err != nil {
+			return err
+		}
+		for _, q := range queues {
+			fd, err := unix.Dup(int(q.Fd()))
+			q.Close()
+			if err != nil {
+				return err
+			}
+			if err := unix.SetNonblock(fd, true); err != nil {
+				return err
+			}
+			files = append(files, os.NewFile(uintptr(fd), q.Name()))
+		}
+		return nil
+	})
+	t.Cleanup(func() { tapsetup.CloseQueues(files) })
+	return files
+}
+
+func udpRoundTrip(conn *net.UDPConn, payload string) error {
+	buf := make([]byte, 1500)
+	var lastErr error
+	for attempt := 0; attempt < 10; attempt++ {
+		if _, err := conn.Write([]byte(payload)); err != nil {
+			lastErr = err
+			continue
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if got := string(buf[:n]); got != payload {
+			return fmt.Errorf("echo %q, want %q", got, payload)
+		}
+		return nil
+	}
+	return lastErr
+}
+
+func TestCheckNamesWhatDrifted(t *testing.T) {
+	cases := []struct {
+		name  string
+		drift func(tap, peer netlink.Link) error
+		want  string
+	}{
+		{"a changed MTU is reported", func(tap, _ netlink.Link) error { return netlink.LinkSetMTU(tap, 1280) }, "mtu is 1280"},
+		{"a tap set down is reported", func(tap, _ netlink.Link) error { return netlink.LinkSetDown(tap) }, "up is false"},
+		{"a removed redirect filter is reported", func(_, peer netlink.Link) error { return tapsetup.UnwireRedirect(peer.Attrs().Name) }, "no redirect filter"},
+		{"a changed MAC is reported", func(tap, _ netlink.Link) error {
+			return netlink.LinkSetHardwareAddr(tap, net.HardwareAddr{2, 0, 0, 0, 0, 0x99})
+		}, "mac is 02:00:00:00:00:99"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			list := e.list("1.0.0", e.bridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01"}`)
+			rt := e.rt("eth0")
+			e.mustAdd(list, rt)
+			t.Cleanup(func() { _ = e.del(list, rt) })
+			e.pod.Run(t, func() error {
+				tap, err := netlink.LinkByName("tap0")
+				if err != nil {
+					return err
+				}
+				peer, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				return tc.drift(tap, peer)
+			})
+			err := e.check(list, rt)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("CHECK: got %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestMACPrecedence(t *testing.T) {
+	const cfg, cniArg, capability = "02:00:00:00:00:0a", "02:00:00:00:00:0b", "02:00:00:00:00:0c"
+	cases := []struct {
+		name       string
+		args       [][2]string
+		capability bool
+		want       string
+	}{
+		{"the config's mac is used alone", nil, false, cfg},
+		{"CNI_ARGS MAC beats the config", [][2]string{{"IgnoreUnknown", "1"}, {"MAC", cniArg}}, false, cniArg},
+		{"the mac capability beats CNI_ARGS", [][2]string{{"IgnoreUnknown", "1"}, {"MAC", cniArg}}, true, capability},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			list := e.list("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true}}`, cfg))
+			rt := e.rt("tap0")
+			rt.Args = tc.args
+			if tc.capability {
+				rt.CapabilityArgs = map[string]interface{}{"mac": capability}
+			}
+			e.mustAdd(list, rt)
+			t.Cleanup(func() { _ = e.del(list, rt) })
+			if got := e.inspectTap("tap0").Link.Attrs().HardwareAddr.String(); got != tc.want {
+				t.Errorf("tap mac %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPerPodArgs: Multus hands a pod's cni-args to the plugin as args.cni.
+func TestPerPodArgsOverrideTheNetwork(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}}}`)
+	rt := e.rt("tap0")
+	e.mustAdd(list, rt)
+	t.Cleanup(func() { _ = e.del(list, rt) })
+	tap := e.inspectTap("tap0")
+	if !tap.MultiQueue || !tap.Sysfs.Threaded || tap.Link.Attrs().HardwareAddr.String() != "02:00:00:00:00:42" {
+		t.Errorf("multiqueue=%v threaded=%v mac=%s, want true true 02:00:00:00:00:42", tap.MultiQueue, tap.Sysfs.Threaded, tap.Link.Attrs().HardwareAddr)
+	}
+}
+
+// TestFailedAddLeavesNothing: whatever step fails, the pod is as before.
+func TestFailedAddLeavesNothing(t *testing.T) {
+	cases := []struct {
+		name     string
+		prepare  func(e *env) error
+		plugins  func(e *env) []string
+		ifName   string
+		wantCode uint
+	}{
+		{
+			name:    "a bridge name already taken in the pod fails after the tap exists",
+			prepare: func(e *env) error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-tap0"}}) },
+			plugins: func(e *env) []string {
+				return []string{`{"type":"napitap","wiring":"bridge","queues":2,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"` + e.pod.Path() + `"}]}}`}
+			},
+			ifName:   "eth0",
+			wantCode: types.ErrInternal,
+		},
+		{
+			name:     "a tap name taken by another link fails without touching it",
+			prepare:  func(e *env) error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}}) },
+			plugins:  func(e *env) []string { return []string{`{"type":"napitap","queues":2}`} },
+			ifName:   "tap0",
+			wantCode: types.ErrInternal,
+		},
+		{
+			name:     "an IPAM failure leaves no tap",
+			plugins:  func(e *env) []string { return []string{`{"type":"napitap","ipam":{"type":"host-local","subnet":"not-a-subnet"}}`} },
+			ifName:   "tap0",
+			wantCode: types.ErrInternal,
+		},
+		{
+			name:     "queues out of range is a config error naming the field",
+			plugins:  func(e *env) []string { return []string{`{"type":"napitap","queues":257}`} },
+			ifName:   "tap0",
+			wantCode: types.ErrInvalidNetworkConfig,
+		},
+		{
+			name:     "tc-redirect without a previous plugin is a config error",
+			plugins:  func(e *env) []string { return []string{`{"type":"napitap","wiring":"tc-redirect"}`} },
+			ifName:   "eth0",
+			wantCode: types.ErrInvalidNetworkConfig,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.pod.Run(t, func() error {
+				// A stand-in for the previous plugin's interface.
+				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"})
+			})
+			if tc.prepare != nil {
+				e.pod.Run(t, func() error { return tc.prepare(e) })
+			}
+			before := e.podLinks()
+			plugins := tc.plugins(e)
+			conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"napitap-test",%s`, strings.TrimPrefix(plugins[0], "{"))
+			err := e.execNapitap("ADD", conf, tc.ifName)
+			if err == nil {
+				t.Fatal("ADD succeeded, want an error")
+			}
+			if code := cniCode(err); code != tc.wantCode {
+				t.Errorf("error code %d (%v), want %d", code, err, tc.wantCode)
+			}
+			if after := e.podLinks(); !slices.Equal(before, after) {
+				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
+			}
+		})
+	}
+}
+
+func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.0.0", `{"type":"napitap","queues":2}`)
+	rt := e.rt("tap0")
+	e.mustAdd(list, rt)
+	t.Cleanup(func() { _ = e.del(list, rt) })
+	_, err := e.add(list, rt)
+	if err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("second ADD: got %v, want an error saying the tap exists", err)
+	}
+	if err := e.check(list, rt); err != nil {
+		t.Errorf("CHECK after the failed second ADD: %v", err)
+	}
+}
+
+func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.0.0", `{"type":"napitap","queues":2}`)
+	rt := e.rt("tap0")
+	e.mustAdd(list, rt)
+	rt.NetNS = "/run/netns/napitap-does-not-exist"
+	if err := e.del(list, rt); err != nil {
+		t.Errorf("DEL with the netns gone: %v", err)
+	}
+	rt.NetNS = ""
+	if err := e.del(list, rt); err != nil {
+		t.Errorf("DEL without a netns: %v", err)
+	}
+}
+
+// BenchmarkAddDel4QueueNAPI: ADD then DEL of a standalone 4-queue NAPI tap,
+// exec'd through libcni as a runtime does.
+func BenchmarkAddDel4QueueNAPI(b *testing.B) {
+	e := newEnv(b)
+	list, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"napitap-bench","plugins":[{"type":"napitap","queues":4}]}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt := &libcni.RuntimeConf{ContainerID: "napitap-bench", NetNS: e.pod.Path(), IfName: "tap0"}
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := e.cni.AddNetworkList(ctx, list, rt); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.cni.DelNetworkList(ctx, list, rt); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
