@@ -1,0 +1,46 @@
+# napitap: NAPI multiqueue taps for VM pods.
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.buildVersion=$(VERSION)
+# Reference plugins and cnitool, built from the Go module proxy at the
+# versions go.mod pins (the `tool` block); never vendored.
+TOOLS     := github.com/containernetworking/plugins/plugins/main/bridge \
+             github.com/containernetworking/plugins/plugins/main/ptp \
+             github.com/containernetworking/plugins/plugins/ipam/host-local \
+             github.com/containernetworking/cni/cnitool
+TEST_TIMEOUT ?= 20m
+
+.PHONY: all deps build tools demo test unit bench clean
+
+all: build
+
+# Debian packages the demo and tests call (ip, tc); installed only if missing.
+deps:
+	./hack/deps.sh
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap
+
+tools:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(TOOLS)
+
+# The main job: bridge + napitap on a throwaway pod netns, via cnitool.
+demo: deps build tools
+	./hack/demo.sh
+
+# Everything, privileged tests included (run as root; CI=true makes a test
+# that cannot run fail instead of skip).
+test: deps build tools
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# Tests that need no root.
+unit:
+	$(GO) test -count=1 ./pkg/config/...
+
+bench: build tools
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugins/napitap/
+
+clean:
+	rm -rf $(BIN)
