@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -339,6 +340,11 @@ func openNetNS(path string) (ns.NetNS, error) {
 	netns, err := ns.GetNS(path)
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS: %v", err), "")
+	}
+	// GetNS accepts any file on procfs; ask the kernel what it is.
+	if kind, err := unix.IoctlRetInt(int(netns.Fd()), unix.NS_GET_NSTYPE); err != nil || kind != unix.CLONE_NEWNET {
+		netns.Close()
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS: %s is not a network namespace", path), "")
 	}
 	return netns, nil
 }

@@ -2,9 +2,11 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -328,8 +330,10 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 		wantCode uint
 	}{
 		{
-			name:    "a bridge name already taken in the pod fails after the tap exists",
-			prepare: func(e *env) error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-tap0"}}) },
+			name: "a bridge name already taken in the pod fails after the tap exists",
+			prepare: func(e *env) error {
+				return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-tap0"}})
+			},
 			plugins: func(e *env) []string {
 				return []string{`{"type":"napitap","wiring":"bridge","queues":2,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"` + e.pod.Path() + `"}]}}`}
 			},
@@ -337,15 +341,19 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 			wantCode: types.ErrInternal,
 		},
 		{
-			name:     "a tap name taken by another link fails without touching it",
-			prepare:  func(e *env) error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}}) },
+			name: "a tap name taken by another link fails without touching it",
+			prepare: func(e *env) error {
+				return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}})
+			},
 			plugins:  func(e *env) []string { return []string{`{"type":"napitap","queues":2}`} },
 			ifName:   "tap0",
 			wantCode: types.ErrInternal,
 		},
 		{
-			name:     "an IPAM failure leaves no tap",
-			plugins:  func(e *env) []string { return []string{`{"type":"napitap","ipam":{"type":"host-local","subnet":"not-a-subnet"}}`} },
+			name: "an IPAM failure leaves no tap",
+			plugins: func(e *env) []string {
+				return []string{`{"type":"napitap","ipam":{"type":"host-local","subnet":"not-a-subnet"}}`}
+			},
 			ifName:   "tap0",
 			wantCode: types.ErrInternal,
 		},
@@ -437,5 +445,76 @@ func BenchmarkAddDel4QueueNAPI(b *testing.B) {
 		if err := e.cni.DelNetworkList(ctx, list, rt); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestUnavailableTunIsReported hides /dev/net/tun in a private mount
+// namespace: STATUS and ADD must answer code 50 and leave the pod alone.
+func TestUnavailableTunIsReported(t *testing.T) {
+	e := newEnv(t)
+	conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap","queues":2}`
+	for _, command := range []string{"STATUS", "ADD"} {
+		t.Run(command+" answers code 50 without /dev/net/tun", func(t *testing.T) {
+			script := fmt.Sprintf(`mount -t tmpfs napitap-test /dev/net && exec env CNI_COMMAND=%s CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s %s/napitap`,
+				command, e.containerID, e.pod.Path(), binDir, binDir)
+			cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+			cmd.Stdin = strings.NewReader(conf)
+			out, err := cmd.Output()
+			if err == nil {
+				t.Fatalf("%s succeeded without /dev/net/tun: %s", command, out)
+			}
+			var cniErr types.Error
+			if err := json.Unmarshal(out, &cniErr); err != nil {
+				t.Fatalf("stdout is not a CNI error: %q", out)
+			}
+			if cniErr.Code != types.ErrPluginNotAvailable || !strings.Contains(cniErr.Msg, "/dev/net/tun") {
+				t.Errorf("got code %d %q, want code 50 naming /dev/net/tun", cniErr.Code, cniErr.Msg)
+			}
+			if links := e.podLinks(); len(links) != 1 {
+				t.Errorf("pod netns: %v, want only lo", links)
+			}
+		})
+	}
+}
+
+func TestNAPIKnobsAreApplied(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
+	rt := e.rt("tap0")
+	e.mustAdd(list, rt)
+	t.Cleanup(func() { _ = e.del(list, rt) })
+	got := e.inspectTap("tap0").Sysfs
+	if !got.Threaded || got.GROFlushTimeout != 50000 || got.DeferHardIRQs != 2 {
+		t.Errorf("threaded=%v gro_flush_timeout=%d napi_defer_hard_irqs=%d, want true 50000 2", got.Threaded, got.GROFlushTimeout, got.DeferHardIRQs)
+	}
+	if err := e.check(list, rt); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+}
+
+func TestBadEnvironmentIsCode4(t *testing.T) {
+	e := newEnv(t)
+	conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap"}`
+	cases := []struct {
+		name  string
+		netns string
+	}{
+		{"a CNI_NETNS that does not exist", "/run/netns/napitap-no-such-netns"},
+		{"a CNI_NETNS that is not a netns", "/proc/self/status"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name+" is rejected naming CNI_NETNS", func(t *testing.T) {
+			args := fmt.Sprintf("CNI_COMMAND=ADD CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s", e.containerID, tc.netns, binDir)
+			cmd := exec.Command("env", append(strings.Fields(args), binDir+"/napitap")...)
+			cmd.Stdin = strings.NewReader(conf)
+			out, _ := cmd.Output()
+			var cniErr types.Error
+			if err := json.Unmarshal(out, &cniErr); err != nil {
+				t.Fatalf("stdout is not a CNI error: %q", out)
+			}
+			if cniErr.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(cniErr.Msg, "CNI_NETNS") {
+				t.Errorf("got code %d %q, want code 4 naming CNI_NETNS", cniErr.Code, cniErr.Msg)
+			}
+		})
 	}
 }
