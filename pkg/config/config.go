@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/napitap/napitap/pkg/handoff"
 )
 
 // SupportedVersions are the CNI spec versions napitap speaks.
@@ -60,6 +62,8 @@ type NetConf struct {
 	Wiring            string  `json:"wiring,omitempty"`
 	Bridge            string  `json:"bridge,omitempty"`
 
+	Handoff *HandoffConf `json:"handoff,omitempty"`
+
 	RuntimeConfig struct {
 		MAC string `json:"mac,omitempty"`
 	} `json:"runtimeConfig,omitempty"`
@@ -67,6 +71,13 @@ type NetConf struct {
 	Args struct {
 		CNI PodArgs `json:"cni,omitempty"`
 	} `json:"args,omitempty"`
+}
+
+// HandoffConf says where the queue fds go after ADD.
+type HandoffConf struct {
+	Socket   string `json:"socket,omitempty"`
+	Required bool   `json:"required,omitempty"`
+	Disabled bool   `json:"disabled,omitempty"`
 }
 
 // PodArgs are the per-pod overrides Multus passes from a pod's network
@@ -123,6 +134,12 @@ type Config struct {
 	// chained wirings join to the tap (CNI_IFNAME); empty in "none".
 	PeerIfName string
 
+	// HandoffSocket is napitapd's socket, empty when the hand-off is
+	// disabled. With HandoffRequired, ADD fails when napitapd cannot take
+	// the queues.
+	HandoffSocket   string
+	HandoffRequired bool
+
 	ifName      string
 	containerID string
 }
@@ -169,6 +186,21 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		Group:             nc.Group,
 		Wiring:            nc.Wiring,
 		Bridge:            nc.Bridge,
+		HandoffSocket:     handoff.DefaultSocket,
+	}
+	if h := nc.Handoff; h != nil {
+		switch {
+		case h.Disabled && h.Required:
+			return nil, invalid("handoff", "required and disabled at once")
+		case h.Disabled:
+			c.HandoffSocket = ""
+		case h.Socket != "":
+			if !strings.HasPrefix(h.Socket, "/") {
+				return nil, invalid("handoff.socket", "%q is not an absolute path", h.Socket)
+			}
+			c.HandoffSocket = h.Socket
+		}
+		c.HandoffRequired = h.Required
 	}
 
 	if nc.RawPrevResult != nil {

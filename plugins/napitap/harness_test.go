@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -135,6 +136,12 @@ func (e *env) check(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) erro
 	return e.inHost(func() error { return e.cni.CheckNetworkList(context.Background(), list, rt) })
 }
 
+func (e *env) gc(list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
+	return e.inHost(func() error {
+		return e.cni.GCNetworkList(context.Background(), list, &libcni.GCArgs{ValidAttachments: valid})
+	})
+}
+
 func (e *env) del(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
 	return e.inHost(func() error { return e.cni.DelNetworkList(context.Background(), list, rt) })
 }
@@ -237,9 +244,13 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-func cniCode(err error) uint {
-	if e, ok := err.(*types.Error); ok {
-		return e.Code
+// cniError digs the plugin's CNI error out of libcni's wrapping.
+func cniError(err error) *types.Error {
+	var e *types.Error
+	if errors.As(err, &e) {
+		return e
 	}
-	return 0
+	return &types.Error{Msg: fmt.Sprint(err)}
 }
+
+func cniCode(err error) uint { return cniError(err).Code }

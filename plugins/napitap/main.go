@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -97,7 +98,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		if err != nil {
 			return fmt.Errorf("netns %s: %w", args.Netns, err)
 		}
-		// Until the hand-off keeps them, the queues live only for this ADD.
+		// napitapd keeps its own copies of what it is handed.
 		defer tapsetup.CloseQueues(queues)
 		defer func() {
 			if err != nil {
@@ -135,8 +136,10 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 				return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 			}
 		}
-		tap, err = netlinksafe.LinkByName(conf.TapName)
-		return err
+		if tap, err = netlinksafe.LinkByName(conf.TapName); err != nil {
+			return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
+		}
+		return handOff(conf, args, attachmentOf(conf, args, tap, guestMAC), queues)
 	})
 	if err != nil {
 		return err
@@ -198,6 +201,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	releaseHandoff(conf, handoff.Key{ContainerID: args.ContainerID, IfName: args.IfName})
 	if conf.IPAM.Type != "" {
 		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
 			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
@@ -294,19 +298,43 @@ func cmdStatus(args *skel.CmdArgs) error {
 	return nil
 }
 
-// cmdGC: napitap holds nothing outside the pod netns yet, so GC of an
-// attachment not in cni.dev/valid-attachments is IPAM's alone.
+// cmdGC releases what napitapd holds for attachments of this network that
+// are not in cni.dev/valid-attachments, and passes GC on to IPAM.
 func cmdGC(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, config.Attachment{CNIArgs: args.Args})
 	if err != nil {
 		return err
 	}
+	gcHandoff(conf)
 	if conf.IPAM.Type != "" {
 		if err := invoke.DelegateGC(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
 		}
 	}
 	return nil
+}
+
+// attachmentOf describes the attachment for napitapd and the runtime.
+func attachmentOf(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, guestMAC net.HardwareAddr) *handoff.Attachment {
+	att := &handoff.Attachment{
+		Key:         handoff.Key{ContainerID: args.ContainerID, IfName: args.IfName},
+		Network:     conf.Name,
+		Netns:       args.Netns,
+		TapName:     conf.TapName,
+		Queues:      conf.Queues,
+		MultiQueue:  conf.Queues > 1,
+		NAPI:        conf.NAPI,
+		NAPIFrags:   conf.NAPIFrags,
+		VnetHdr:     conf.VnetHdr,
+		VnetHdrSize: conf.VnetHdrSize,
+		MTU:         tap.Attrs().MTU,
+		Owner:       conf.Owner,
+		Group:       conf.Group,
+	}
+	if guestMAC != nil {
+		att.MAC = guestMAC.String()
+	}
+	return att
 }
 
 func attachment(args *skel.CmdArgs, finalResult bool) config.Attachment {

@@ -1,0 +1,125 @@
+// napitapctl fetches a tap's NAPI queue fds from napitapd and runs a VMM
+// with them, or lists what napitapd holds.
+//
+//	napitapctl exec --container ID --ifname net1 -- qemu-system-x86_64 ... -netdev tap,id=n0,fds={fds},vhost=off
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/napitap/napitap/pkg/handoff"
+)
+
+func usage() {
+	fmt.Fprintf(os.Stderr, `usage:
+  napitapctl [--socket PATH] exec [--container ID --ifname IF] -- CMD [ARGS...]
+      Fetch the attachment's queue fds (without --container: the one in this
+      process's netns) and run CMD with them as fds 3, 4, ...; "{fds}" in
+      ARGS becomes "3:4:..." and "{queues}" the queue count. Signals are
+      passed on; napitapctl exits with CMD's status.
+  napitapctl [--socket PATH] list
+`)
+	os.Exit(2)
+}
+
+func main() {
+	socket := flag.String("socket", handoff.DefaultSocket, "napitapd socket")
+	flag.Usage = usage
+	flag.Parse()
+	client := &handoff.Client{Socket: *socket}
+	if flag.NArg() == 0 {
+		usage()
+	}
+	var err error
+	switch flag.Arg(0) {
+	case "exec":
+		err = execCmd(client, flag.Args()[1:])
+	case "list":
+		err = list(client)
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "napitapctl:", err)
+		os.Exit(1)
+	}
+}
+
+func execCmd(client *handoff.Client, args []string) error {
+	fs := flag.NewFlagSet("exec", flag.ExitOnError)
+	container := fs.String("container", "", "container ID of the attachment")
+	ifName := fs.String("ifname", "", "CNI_IFNAME of the attachment")
+	fs.Parse(args)
+	argv := fs.Args()
+	if len(argv) == 0 {
+		usage()
+	}
+	var key *handoff.Key
+	if *container != "" || *ifName != "" {
+		key = &handoff.Key{ContainerID: *container, IfName: *ifName}
+	}
+	att, files, err := client.Fetch(key)
+	if err != nil {
+		return err
+	}
+	nums := make([]string, len(files))
+	for i := range files {
+		nums[i] = strconv.Itoa(3 + i) // ExtraFiles[i] becomes fd 3+i
+	}
+	for i, a := range argv {
+		a = strings.ReplaceAll(a, "{fds}", strings.Join(nums, ":"))
+		argv[i] = strings.ReplaceAll(a, "{queues}", strconv.Itoa(att.Queues))
+	}
+	// A child, not an exec of this process: os/exec places the fds after
+	// fork, where no Go runtime fd can be in the way.
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = files
+	if err := cmd.Start(); err != nil {
+		closeAll(files)
+		return err
+	}
+	// Only the VMM may hold the queues (DESIGN.md fact 7).
+	closeAll(files)
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() {
+		for sig := range signals {
+			_ = cmd.Process.Signal(sig)
+		}
+	}()
+	err = cmd.Wait()
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		os.Exit(exitErr.ExitCode())
+	}
+	return err
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+func list(client *handoff.Client) error {
+	atts, err := client.List()
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONTAINER\tIFNAME\tTAP\tQUEUES\tHELD\tNAPI\tMAC\tNETNS")
+	for _, a := range atts {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
+	}
+	return w.Flush()
+}

@@ -1,0 +1,122 @@
+package handoff
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// sendMsg writes v and files as one datagram.
+func sendMsg(c *net.UnixConn, v any, files []*os.File) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxHeader {
+		return fmt.Errorf("message of %d bytes exceeds %d", len(b), MaxHeader)
+	}
+	if len(files) > MaxFDs {
+		return fmt.Errorf("%d fds exceed %d", len(files), MaxFDs)
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			// SyscallConn, not Fd: Fd would switch the file to blocking.
+			rc, err := f.SyscallConn()
+			if err != nil {
+				return err
+			}
+			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
+				return err
+			}
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+// errTruncated marks a datagram that did not fit: its fds are closed, and
+// the connection is still usable.
+var errTruncated = errors.New("truncated")
+
+// recvMsg reads one datagram. io.EOF means the peer closed. Received fds
+// arrive close-on-exec; on any error they are closed, never kept.
+func recvMsg(c *net.UnixConn) ([]byte, []*os.File, error) {
+	buf := make([]byte, MaxHeader+1)
+	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	files, perr := parseRights(oob[:oobn])
+	switch {
+	case err != nil:
+		closeAll(files)
+		return nil, nil, err
+	case perr != nil:
+		closeAll(files)
+		return nil, nil, fmt.Errorf("ancillary data: %w", perr)
+	case flags&unix.MSG_CTRUNC != 0:
+		closeAll(files)
+		return nil, nil, fmt.Errorf("%w: more than %d fds", errTruncated, MaxFDs)
+	case flags&unix.MSG_TRUNC != 0 || n > MaxHeader:
+		closeAll(files)
+		return nil, nil, fmt.Errorf("%w: message larger than %d bytes", errTruncated, MaxHeader)
+	case n == 0:
+		closeAll(files)
+		return nil, nil, io.EOF
+	}
+	return buf[:n], files, nil
+}
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	var firstErr error
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "handoff"))
+		}
+	}
+	return files, firstErr
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// peerCred returns the credentials the kernel recorded when the peer
+// connected; they cannot be forged by the peer.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}

@@ -1,0 +1,191 @@
+// Package handoff is the wire protocol between napitap, napitapd and VM
+// runtimes: who holds a tap's NAPI queue fds, and how they change hands.
+//
+// Transport: an AF_UNIX SOCK_SEQPACKET socket. Every request and every
+// response is one datagram holding one JSON object (at most MaxHeader bytes)
+// with the fds, if any, as SCM_RIGHTS ancillary data of that same datagram
+// (at most MaxFDs). A connection carries any number of request/response
+// pairs, in order. Version is 1; a peer speaking another version gets an
+// error response, never a guess.
+package handoff
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+const (
+	Version   = 1
+	MaxHeader = 64 << 10
+	MaxFDs    = 256 // a tap's MAX_TAP_QUEUES
+
+	DefaultSocket   = "/run/napitap/napitapd.sock"
+	DefaultStateDir = "/run/napitap/state"
+)
+
+// Operations.
+const (
+	OpRegister = "register" // napitap ADD: keep these queues (root only)
+	OpFetch    = "fetch"    // a runtime: give me the queues
+	OpRelease  = "release"  // napitap DEL: forget the attachment (root only)
+	OpGC       = "gc"       // napitap GC: forget all but the valid ones (root only)
+	OpList     = "list"     // what is held (root: all; others: their netns)
+)
+
+// Key names an attachment the way CNI does.
+type Key struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+func (k Key) String() string { return k.ContainerID + "/" + k.IfName }
+
+var containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$`)
+var ifNamePattern = regexp.MustCompile(`^[^/:%\s]{1,15}$`)
+
+// Validate keeps keys safe to use in file names and logs.
+func (k Key) Validate() error {
+	if !containerIDPattern.MatchString(k.ContainerID) {
+		return fmt.Errorf("containerID %q: want letters, digits, '_', '.', '-'", k.ContainerID)
+	}
+	if !ifNamePattern.MatchString(k.IfName) || k.IfName == "." || k.IfName == ".." {
+		return fmt.Errorf("ifName %q is not an interface name", k.IfName)
+	}
+	return nil
+}
+
+// Attachment is what a VMM needs to know about a tap besides its fds.
+type Attachment struct {
+	Key
+	Network     string  `json:"network,omitempty"`
+	Netns       string  `json:"netns"`
+	TapName     string  `json:"tapName"`
+	Queues      int     `json:"queues"`
+	MultiQueue  bool    `json:"multiQueue"`
+	NAPI        bool    `json:"napi"`
+	NAPIFrags   bool    `json:"napiFrags,omitempty"`
+	VnetHdr     bool    `json:"vnetHdr"`
+	VnetHdrSize int     `json:"vnetHdrSize,omitempty"`
+	MAC         string  `json:"mac,omitempty"` // the MAC the guest must use
+	MTU         int     `json:"mtu,omitempty"`
+	Owner       *uint32 `json:"owner,omitempty"`
+	Group       *uint32 `json:"group,omitempty"`
+
+	// Set by napitapd.
+	NetnsInode uint64 `json:"netnsInode,omitempty"`
+	Held       int    `json:"held"` // queue fds napitapd holds right now
+}
+
+// Validate checks what napitapd will act on.
+func (a *Attachment) Validate() error {
+	if err := a.Key.Validate(); err != nil {
+		return err
+	}
+	if a.Netns == "" || a.Netns[0] != '/' {
+		return fmt.Errorf("attachment %s: netns %q is not an absolute path", a.Key, a.Netns)
+	}
+	if !ifNamePattern.MatchString(a.TapName) {
+		return fmt.Errorf("attachment %s: tapName %q is not an interface name", a.Key, a.TapName)
+	}
+	if a.Queues < 1 || a.Queues > MaxFDs {
+		return fmt.Errorf("attachment %s: queues %d out of range 1-%d", a.Key, a.Queues, MaxFDs)
+	}
+	if a.Queues > 1 && !a.MultiQueue {
+		return fmt.Errorf("attachment %s: %d queues on a single-queue tap", a.Key, a.Queues)
+	}
+	return nil
+}
+
+// Request is one client datagram.
+type Request struct {
+	Version    int         `json:"version"`
+	Op         string      `json:"op"`
+	Key        *Key        `json:"key,omitempty"`        // fetch, release
+	Attachment *Attachment `json:"attachment,omitempty"` // register
+	Network    string      `json:"network,omitempty"`    // gc
+	Valid      []Key       `json:"valid,omitempty"`      // gc
+}
+
+// Response is one server datagram. Error is nil on success.
+type Response struct {
+	Version     int          `json:"version"`
+	Error       *Error       `json:"error,omitempty"`
+	Attachment  *Attachment  `json:"attachment,omitempty"`  // fetch; its fds ride along
+	Attachments []Attachment `json:"attachments,omitempty"` // list
+	Released    int          `json:"released,omitempty"`    // release, gc
+}
+
+// Error codes a runtime can act on.
+const (
+	CodeBadRequest  = "bad-request" // malformed, wrong version, bad fields
+	CodeDenied      = "denied"      // the caller may not do this
+	CodeNotFound    = "not-found"   // no such attachment
+	CodeBusy        = "busy"        // queues still attached by another process
+	CodeExists      = "exists"      // register of a key already held
+	CodeUnavailable = "unavailable" // the pod netns or tap is gone
+	CodeInternal    = "internal"    // napitapd failed
+	codeUnreachable = "unreachable" // client side: no napitapd
+	codeProtocol    = "protocol"    // client side: malformed response
+)
+
+// Error is a protocol error, on the wire and in Go.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return "napitapd: " + e.Code + ": " + e.Message }
+
+func errorf(code, format string, a ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, a...)}
+}
+
+// ErrUnreachable wraps failures to reach napitapd at all, which callers may
+// treat as "try again later" (CNI code 11).
+var ErrUnreachable = errors.New("napitapd unreachable")
+
+// IsCode reports whether err is a protocol error with code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+func decodeRequest(b []byte) (*Request, *Error) {
+	var req Request
+	if err := json.Unmarshal(b, &req); err != nil {
+		return nil, errorf(CodeBadRequest, "request is not a JSON object: %v", err)
+	}
+	if req.Version != Version {
+		return nil, errorf(CodeBadRequest, "version %d is not supported (want %d)", req.Version, Version)
+	}
+	switch req.Op {
+	case OpRegister:
+		if req.Attachment == nil {
+			return nil, errorf(CodeBadRequest, "register without attachment")
+		}
+		if err := req.Attachment.Validate(); err != nil {
+			return nil, errorf(CodeBadRequest, "%v", err)
+		}
+	case OpFetch, OpRelease:
+		if req.Key == nil && req.Op == OpRelease {
+			return nil, errorf(CodeBadRequest, "%s without key", req.Op)
+		}
+		if req.Key != nil {
+			if err := req.Key.Validate(); err != nil {
+				return nil, errorf(CodeBadRequest, "%v", err)
+			}
+		}
+	case OpGC:
+		for _, k := range req.Valid {
+			if err := k.Validate(); err != nil {
+				return nil, errorf(CodeBadRequest, "valid: %v", err)
+			}
+		}
+	case OpList:
+	default:
+		return nil, errorf(CodeBadRequest, "unknown op %q", req.Op)
+	}
+	return &req, nil
+}

@@ -1,0 +1,449 @@
+package handoff
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// Server holds queue fds for attachments and hands them to runtimes.
+type Server struct {
+	stateDir string
+	log      *slog.Logger
+
+	mu   sync.Mutex
+	held map[Key]*entry
+}
+
+type entry struct {
+	att   Attachment
+	files []*os.File // empty after a fetch or a restart: reopened on demand
+}
+
+// NewServer loads the attachments recorded under stateDir. Their fds died
+// with the previous napitapd; fetch reopens them in the pod netns.
+func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", stateDir, err)
+	}
+	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}}
+	paths, err := filepath.Glob(filepath.Join(stateDir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range paths {
+		var att Attachment
+		b, err := os.ReadFile(p)
+		if err == nil {
+			err = json.Unmarshal(b, &att)
+		}
+		if err == nil {
+			err = att.Validate()
+		}
+		if err != nil || s.statePath(att.Key) != p {
+			s.log.Warn("dropping unreadable state file", "path", p, "err", err)
+			_ = os.Remove(p)
+			continue
+		}
+		att.Held = 0
+		s.held[att.Key] = &entry{att: att}
+	}
+	s.Sweep()
+	return s, nil
+}
+
+// Listen makes the socket: stale ones removed, mode and group applied
+// before anyone can connect.
+func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, 0, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Serve answers connections until l is closed.
+func (s *Server) Serve(l *net.UnixListener) error {
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		go s.serveConn(conn)
+	}
+}
+
+func (s *Server) serveConn(conn *net.UnixConn) {
+	defer conn.Close()
+	cred, err := peerCred(conn)
+	if err != nil {
+		s.log.Error("no peer credentials, closing", "err", err)
+		return
+	}
+	for {
+		b, files, err := recvMsg(conn)
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		var resp *Response
+		var out []*os.File
+		if err != nil {
+			if !errors.Is(err, errTruncated) {
+				return
+			}
+			resp = &Response{Error: errorf(CodeBadRequest, "%v", err)}
+		} else {
+			resp, out = s.handle(b, files, cred)
+		}
+		resp.Version = Version
+		if resp.Error != nil {
+			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid, "code", resp.Error.Code, "err", resp.Error.Message)
+		}
+		if err := sendMsg(conn, resp, out); err != nil {
+			s.log.Error("send response", "pid", cred.Pid, "err", err)
+			s.restore(resp, out)
+			return
+		}
+		// The runtime now holds the only copies (DESIGN.md fact 7).
+		closeAll(out)
+	}
+}
+
+// handle owns files: it keeps them (register) or closes them.
+func (s *Server) handle(b []byte, files []*os.File, cred *unix.Ucred) (*Response, []*os.File) {
+	req, perr := decodeRequest(b)
+	if perr != nil {
+		closeAll(files)
+		return &Response{Error: perr}, nil
+	}
+	if req.Op != OpRegister && len(files) > 0 {
+		closeAll(files)
+		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil
+	}
+	if req.Op != OpFetch && req.Op != OpList && cred.Uid != 0 {
+		closeAll(files)
+		return &Response{Error: errorf(CodeDenied, "%s is for root (napitap) only, caller uid %d", req.Op, cred.Uid)}, nil
+	}
+	switch req.Op {
+	case OpRegister:
+		return &Response{Error: s.register(req.Attachment, files)}, nil
+	case OpFetch:
+		return s.fetch(req.Key, cred)
+	case OpRelease:
+		return &Response{Released: s.release(func(a *Attachment) bool { return a.Key == *req.Key })}, nil
+	case OpGC:
+		n := s.release(func(a *Attachment) bool {
+			return (req.Network == "" || a.Network == req.Network) && !slices.Contains(req.Valid, a.Key)
+		})
+		return &Response{Released: n}, nil
+	default: // OpList
+		return &Response{Attachments: s.list(cred)}, nil
+	}
+}
+
+func (s *Server) register(att *Attachment, files []*os.File) *Error {
+	if len(files) != att.Queues {
+		closeAll(files)
+		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), att.Queues)
+	}
+	ino, err := netnsInode(att.Netns)
+	if err != nil {
+		closeAll(files)
+		return errorf(CodeUnavailable, "attachment %s: netns %s: %v", att.Key, att.Netns, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.held[att.Key]; ok {
+		closeAll(files)
+		return errorf(CodeExists, "attachment %s is already registered", att.Key)
+	}
+	att.NetnsInode, att.Held = ino, len(files)
+	if err := s.writeState(att); err != nil {
+		closeAll(files)
+		return errorf(CodeInternal, "attachment %s: %v", att.Key, err)
+	}
+	s.held[att.Key] = &entry{att: *att, files: files}
+	s.log.Info("registered", "attachment", att.Key.String(), "tap", att.TapName, "queues", att.Queues, "netns", att.Netns)
+	return nil
+}
+
+func (s *Server) fetch(key *Key, cred *unix.Ucred) (*Response, []*os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, perr := s.find(key, cred)
+	if perr != nil {
+		return &Response{Error: perr}, nil
+	}
+	if perr := authorize(&e.att, cred); perr != nil {
+		return &Response{Error: perr}, nil
+	}
+	files := e.files
+	if len(files) == 0 {
+		var perr *Error
+		if files, perr = reopen(&e.att); perr != nil {
+			return &Response{Error: perr}, nil
+		}
+	}
+	e.files = nil
+	att := e.att
+	att.Held = 0
+	e.att.Held = 0
+	s.log.Info("handed off", "attachment", att.Key.String(), "queues", len(files), "pid", cred.Pid, "uid", cred.Uid)
+	return &Response{Attachment: &att}, files
+}
+
+// restore takes back fds a failed send did not deliver.
+func (s *Server) restore(resp *Response, files []*os.File) {
+	if resp.Attachment == nil || len(files) == 0 {
+		closeAll(files)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.held[resp.Attachment.Key]; ok && len(e.files) == 0 {
+		e.files, e.att.Held = files, len(files)
+		return
+	}
+	closeAll(files)
+}
+
+// find looks an attachment up by key, or by the caller's netns.
+func (s *Server) find(key *Key, cred *unix.Ucred) (*entry, *Error) {
+	if key != nil {
+		if e, ok := s.held[*key]; ok {
+			return e, nil
+		}
+		return nil, errorf(CodeNotFound, "no attachment %s", key)
+	}
+	ino, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	if err != nil {
+		return nil, errorf(CodeDenied, "netns of pid %d: %v", cred.Pid, err)
+	}
+	var found []*entry
+	for _, e := range s.held {
+		if e.att.NetnsInode == ino {
+			found = append(found, e)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, errorf(CodeNotFound, "no attachment in the caller's netns")
+	case 1:
+		return found[0], nil
+	}
+	return nil, errorf(CodeBadRequest, "%d attachments in the caller's netns: name one", len(found))
+}
+
+// authorize: root may fetch anything; anyone else only an attachment in
+// its own netns whose tap owner or group it is.
+func authorize(att *Attachment, cred *unix.Ucred) *Error {
+	if cred.Uid == 0 {
+		return nil
+	}
+	ino, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	if err != nil || ino != att.NetnsInode {
+		return errorf(CodeDenied, "attachment %s: caller pid %d is not in the attachment's netns", att.Key, cred.Pid)
+	}
+	if (att.Owner != nil && *att.Owner == cred.Uid) || (att.Group != nil && *att.Group == cred.Gid) {
+		return nil
+	}
+	return errorf(CodeDenied, "attachment %s: uid %d gid %d match neither the tap's owner nor group", att.Key, cred.Uid, cred.Gid)
+}
+
+// reopen attaches the attachment's queues afresh in its pod netns, with its
+// flags, so a restarted VMM gets NAPI queues again. It refuses while any
+// queue is still attached: a second set would take traffic nobody reads.
+func reopen(att *Attachment) ([]*os.File, *Error) {
+	ino, err := netnsInode(att.Netns)
+	if err != nil || ino != att.NetnsInode {
+		return nil, errorf(CodeUnavailable, "attachment %s: netns %s is gone", att.Key, att.Netns)
+	}
+	var files []*os.File
+	var perr *Error
+	err = ns.WithNetNSPath(att.Netns, func(ns.NetNS) error {
+		link, err := netlinksafe.LinkByName(att.TapName)
+		if err != nil {
+			perr = errorf(CodeUnavailable, "attachment %s: tap %q: %v", att.Key, att.TapName, err)
+			return nil
+		}
+		if tap, ok := link.(*netlink.Tuntap); !ok {
+			perr = errorf(CodeUnavailable, "attachment %s: %q is no longer a tap", att.Key, att.TapName)
+			return nil
+		} else if tap.Queues > 0 {
+			perr = errorf(CodeBusy, "attachment %s: tap %q still has %d queues attached", att.Key, att.TapName, tap.Queues)
+			return nil
+		}
+		files, err = tapsetup.OpenQueues(att.TapName, att.Queues, tapsetup.QueueFlags{
+			MultiQueue: att.MultiQueue, VnetHdr: att.VnetHdr, NAPI: att.NAPI, NAPIFrags: att.NAPIFrags,
+		})
+		if errors.Is(err, unix.EBUSY) {
+			perr = errorf(CodeBusy, "attachment %s: tap %q: %v", att.Key, att.TapName, err)
+			return nil
+		}
+		return err
+	})
+	if perr != nil {
+		return nil, perr
+	}
+	if err != nil {
+		return nil, errorf(CodeInternal, "attachment %s: reopen queues in netns %s: %v", att.Key, att.Netns, err)
+	}
+	return files, nil
+}
+
+func (s *Server) release(match func(*Attachment) bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for key, e := range s.held {
+		if !match(&e.att) {
+			continue
+		}
+		closeAll(e.files)
+		if err := os.Remove(s.statePath(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Error("remove state", "attachment", key.String(), "err", err)
+		}
+		delete(s.held, key)
+		s.log.Info("released", "attachment", key.String())
+		n++
+	}
+	return n
+}
+
+func (s *Server) list(cred *unix.Ucred) []Attachment {
+	var ino uint64
+	if cred.Uid != 0 {
+		var err error
+		if ino, err = netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid)); err != nil {
+			return nil
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Attachment
+	for _, e := range s.held {
+		if cred.Uid == 0 || e.att.NetnsInode == ino {
+			att := e.att
+			att.Held = len(e.files)
+			out = append(out, att)
+		}
+	}
+	slices.SortFunc(out, func(a, b Attachment) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	return out
+}
+
+// Sweep releases attachments whose netns or tap is gone: DEL ran while
+// napitapd was down, or the runtime crashed and never called DEL.
+func (s *Server) Sweep() int {
+	return s.release(func(a *Attachment) bool {
+		ino, err := netnsInode(a.Netns)
+		if err != nil || ino != a.NetnsInode {
+			return true
+		}
+		gone := false
+		_ = ns.WithNetNSPath(a.Netns, func(ns.NetNS) error {
+			_, err := netlinksafe.LinkByName(a.TapName)
+			var nf netlink.LinkNotFoundError
+			gone = errors.As(err, &nf)
+			return nil
+		})
+		return gone
+	})
+}
+
+// Close releases every held fd; the state stays for the next napitapd.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.held {
+		closeAll(e.files)
+		e.files = nil
+	}
+}
+
+// HeldFDs counts the queue fds napitapd holds.
+func (s *Server) HeldFDs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.held {
+		n += len(e.files)
+	}
+	return n
+}
+
+// statePath: ':' is in neither a valid container ID nor an interface name,
+// so the file name is unique per key.
+func (s *Server) statePath(k Key) string {
+	return filepath.Join(s.stateDir, k.ContainerID+":"+k.IfName+".json")
+}
+
+func (s *Server) writeState(att *Attachment) error {
+	b, err := json.Marshal(att)
+	if err != nil {
+		return err
+	}
+	path := s.statePath(att.Key)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// netnsInode identifies a network namespace.
+func netnsInode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	if st.Dev == 0 && st.Ino == 0 {
+		return 0, fmt.Errorf("%s: no inode", path)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if kind, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE); err != nil || kind != unix.CLONE_NEWNET {
+		return 0, fmt.Errorf("%s is not a network namespace", path)
+	}
+	return st.Ino, nil
+}

@@ -1,0 +1,166 @@
+package main_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/napitap/napitap/pkg/handoff"
+)
+
+// napitapd is an in-process napitapd on a socket of the test's own.
+type napitapd struct {
+	socket, stateDir string
+	srv              *handoff.Server
+	stop             func()
+}
+
+func startNapitapd(t *testing.T, stateDir string) *napitapd {
+	t.Helper()
+	if stateDir == "" {
+		stateDir = t.TempDir()
+	}
+	d := &napitapd{socket: filepath.Join(t.TempDir(), "napitapd.sock"), stateDir: stateDir}
+	var err error
+	if d.srv, err = handoff.NewServer(stateDir, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	l, err := handoff.Listen(d.socket, 0o660, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = d.srv.Serve(l); close(done) }()
+	d.stop = func() { l.Close(); <-done; d.srv.Close() }
+	t.Cleanup(func() { d.stop() })
+	return d
+}
+
+func (d *napitapd) client() *handoff.Client { return &handoff.Client{Socket: d.socket} }
+
+func handoffConf(socket string, required bool) string {
+	return fmt.Sprintf(`"handoff":{"socket":%q,"required":%v}`, socket, required)
+}
+
+func TestHandoffKeepsTheQueuesUntilDel(t *testing.T) {
+	e := newEnv(t)
+	d := startNapitapd(t, "")
+	list := e.list("1.1.0", e.bridgePlugin(), `{"type":"napitap","queues":4,`+handoffConf(d.socket, true)+`}`)
+	rt := e.rt("net1")
+	res := e.mustAdd(list, rt)
+
+	atts, err := d.client().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest, _ := guestOf(t, res, e.containerID)
+	if len(atts) != 1 || atts[0].Held != 4 || atts[0].TapName != "tap1" || atts[0].MAC != guest.Mac || !atts[0].NAPI || atts[0].Netns != e.pod.Path() {
+		t.Fatalf("napitapd holds %+v, want tap1 with 4 NAPI queues and guest MAC %s", atts, guest.Mac)
+	}
+	if tap := e.inspectTap("tap1"); tap.Link.Queues != 4 {
+		t.Errorf("tap has %d queues attached, want the 4 napitapd holds", tap.Link.Queues)
+	}
+
+	if err := e.del(list, rt); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if atts, _ := d.client().List(); len(atts) != 0 || d.srv.HeldFDs() != 0 {
+		t.Errorf("after DEL napitapd holds %+v (%d fds), want nothing", atts, d.srv.HeldFDs())
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.stateDir, "*")); len(left) != 0 {
+		t.Errorf("state files left after DEL: %v", left)
+	}
+}
+
+func TestHandoffWithoutNapitapd(t *testing.T) {
+	notASocket := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(notASocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name      string
+		socket    string
+		required  bool
+		wantCode  uint // 0: ADD succeeds
+		wantField string
+	}{
+		{"a required napitapd that is down fails ADD with try-again-later", "/run/napitap-test-nowhere.sock", true, types.ErrTryAgainLater, "handoff"},
+		{"an optional napitapd that is down lets ADD succeed", "/run/napitap-test-nowhere.sock", false, 0, ""},
+		{"a socket path that is a plain file is a config error", notASocket, true, types.ErrInvalidNetworkConfig, "handoff.socket"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			before := e.podLinks()
+			list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(tc.socket, tc.required)+`}`)
+			rt := e.rt("tap0")
+			_, err := e.add(list, rt)
+			if tc.wantCode == 0 {
+				if err != nil {
+					t.Fatalf("ADD: %v", err)
+				}
+				e.inspectTap("tap0")
+				if err := e.del(list, rt); err != nil {
+					t.Errorf("DEL with napitapd down: %v", err)
+				}
+				return
+			}
+			if code := cniCode(err); code != tc.wantCode || !strings.HasPrefix(cniError(err).Msg, tc.wantField) {
+				t.Errorf("ADD: %v (code %d), want code %d naming %s", err, code, tc.wantCode, tc.wantField)
+			}
+			if after := e.podLinks(); !slices.Equal(before, after) {
+				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
+			}
+		})
+	}
+}
+
+func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
+	e := newEnv(t)
+	d := startNapitapd(t, "")
+	list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
+	kept, dropped := e.rt("tap0"), e.rt("tap1")
+	dropped.ContainerID = e.containerID + "-crashed"
+	e.mustAdd(list, kept)
+	e.mustAdd(list, dropped)
+	t.Cleanup(func() { _ = e.del(list, kept); _ = e.del(list, dropped) })
+
+	valid := []types.GCAttachment{{ContainerID: kept.ContainerID, IfName: kept.IfName}}
+	if err := e.gc(list, valid); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	atts, err := d.client().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(atts) != 1 || atts[0].ContainerID != kept.ContainerID || d.srv.HeldFDs() != 2 {
+		t.Errorf("after GC napitapd holds %+v (%d fds), want only %s with 2", atts, d.srv.HeldFDs(), kept.ContainerID)
+	}
+}
+
+func TestDelWithNapitapdDownIsSweptLater(t *testing.T) {
+	e := newEnv(t)
+	d := startNapitapd(t, "")
+	list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
+	rt := e.rt("tap0")
+	e.mustAdd(list, rt)
+	d.stop()
+	d.stop = func() {}
+	if err := e.del(list, rt); err != nil {
+		t.Fatalf("DEL with napitapd down: %v", err)
+	}
+	restarted := startNapitapd(t, d.stateDir)
+	if atts, _ := restarted.client().List(); len(atts) != 0 {
+		t.Errorf("a restarted napitapd still lists %+v whose tap is gone", atts)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.stateDir, "*")); len(left) != 0 {
+		t.Errorf("state files left: %v", left)
+	}
+}
