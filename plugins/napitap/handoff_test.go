@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/napitap/napitap/internal/cnitest"
+
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/napitap/napitap/pkg/handoff"
@@ -50,25 +52,25 @@ func handoffConf(socket string, required bool) string {
 }
 
 func TestHandoffKeepsTheQueuesUntilDel(t *testing.T) {
-	e := newEnv(t)
+	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
-	list := e.list("1.1.0", e.bridgePlugin(), `{"type":"napitap","queues":4,`+handoffConf(d.socket, true)+`}`)
-	rt := e.rt("net1")
-	res := e.mustAdd(list, rt)
+	list := e.List("1.1.0", e.BridgePlugin(), `{"type":"napitap","queues":4,`+handoffConf(d.socket, true)+`}`)
+	rt := e.Rt("net1")
+	res := e.MustAdd(list, rt)
 
 	atts, err := d.client().List()
 	if err != nil {
 		t.Fatal(err)
 	}
-	guest, _ := guestOf(t, res, e.containerID)
-	if len(atts) != 1 || atts[0].Held != 4 || atts[0].TapName != "tap1" || atts[0].MAC != guest.Mac || !atts[0].NAPI || atts[0].Netns != e.pod.Path() {
+	guest, _ := cnitest.GuestOf(t, res, e.ContainerID)
+	if len(atts) != 1 || atts[0].Held != 4 || atts[0].TapName != "tap1" || atts[0].MAC != guest.Mac || !atts[0].NAPI || atts[0].Netns != e.Pod.Path() {
 		t.Fatalf("napitapd holds %+v, want tap1 with 4 NAPI queues and guest MAC %s", atts, guest.Mac)
 	}
-	if tap := e.inspectTap("tap1"); tap.Link.Queues != 4 {
+	if tap := e.InspectTap("tap1"); tap.Link.Queues != 4 {
 		t.Errorf("tap has %d queues attached, want the 4 napitapd holds", tap.Link.Queues)
 	}
 
-	if err := e.del(list, rt); err != nil {
+	if err := e.Del(list, rt); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
 	if atts, _ := d.client().List(); len(atts) != 0 || d.srv.HeldFDs() != 0 {
@@ -97,25 +99,25 @@ func TestHandoffWithoutNapitapd(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			before := e.podLinks()
-			list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(tc.socket, tc.required)+`}`)
-			rt := e.rt("tap0")
-			_, err := e.add(list, rt)
+			e := cnitest.NewEnv(t, binDir)
+			before := e.PodLinks()
+			list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(tc.socket, tc.required)+`}`)
+			rt := e.Rt("tap0")
+			_, err := e.Add(list, rt)
 			if tc.wantCode == 0 {
 				if err != nil {
 					t.Fatalf("ADD: %v", err)
 				}
-				e.inspectTap("tap0")
-				if err := e.del(list, rt); err != nil {
+				e.InspectTap("tap0")
+				if err := e.Del(list, rt); err != nil {
 					t.Errorf("DEL with napitapd down: %v", err)
 				}
 				return
 			}
-			if code := cniCode(err); code != tc.wantCode || !strings.HasPrefix(cniError(err).Msg, tc.wantField) {
+			if code := cnitest.CNICode(err); code != tc.wantCode || !strings.HasPrefix(cnitest.CNIError(err).Msg, tc.wantField) {
 				t.Errorf("ADD: %v (code %d), want code %d naming %s", err, code, tc.wantCode, tc.wantField)
 			}
-			if after := e.podLinks(); !slices.Equal(before, after) {
+			if after := e.PodLinks(); !slices.Equal(before, after) {
 				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
 			}
 		})
@@ -123,17 +125,17 @@ func TestHandoffWithoutNapitapd(t *testing.T) {
 }
 
 func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
-	e := newEnv(t)
+	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
-	list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
-	kept, dropped := e.rt("tap0"), e.rt("tap1")
-	dropped.ContainerID = e.containerID + "-crashed"
-	e.mustAdd(list, kept)
-	e.mustAdd(list, dropped)
-	t.Cleanup(func() { _ = e.del(list, kept); _ = e.del(list, dropped) })
+	list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
+	kept, dropped := e.Rt("tap0"), e.Rt("tap1")
+	dropped.ContainerID = e.ContainerID + "-crashed"
+	e.MustAdd(list, kept)
+	e.MustAdd(list, dropped)
+	t.Cleanup(func() { _ = e.Del(list, kept); _ = e.Del(list, dropped) })
 
 	valid := []types.GCAttachment{{ContainerID: kept.ContainerID, IfName: kept.IfName}}
-	if err := e.gc(list, valid); err != nil {
+	if err := e.Gc(list, valid); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	atts, err := d.client().List()
@@ -146,14 +148,14 @@ func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
 }
 
 func TestDelWithNapitapdDownIsSweptLater(t *testing.T) {
-	e := newEnv(t)
+	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
-	list := e.list("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
-	rt := e.rt("tap0")
-	e.mustAdd(list, rt)
+	list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
+	rt := e.Rt("tap0")
+	e.MustAdd(list, rt)
 	d.stop()
 	d.stop = func() {}
-	if err := e.del(list, rt); err != nil {
+	if err := e.Del(list, rt); err != nil {
 		t.Fatalf("DEL with napitapd down: %v", err)
 	}
 	restarted := startNapitapd(t, d.stateDir)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/internal/cnitest"
+
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -26,7 +28,7 @@ var allVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 type scenario struct {
 	name    string
-	plugins func(e *env) []string
+	plugins func(e *cnitest.Env) []string
 	ifName  string
 	tapName string
 	chained bool
@@ -37,22 +39,24 @@ type scenario struct {
 
 var scenarios = []scenario{
 	{
-		name:    "standalone with host-local IPAM",
-		plugins: func(e *env) []string { return []string{`{"type":"napitap","queues":4,"ipam":` + e.ipam() + `}`} },
+		name: "standalone with host-local IPAM",
+		plugins: func(e *cnitest.Env) []string {
+			return []string{`{"type":"napitap","queues":4,"ipam":` + e.Ipam() + `}`}
+		},
 		ifName:  "tap0",
 		tapName: "tap0",
 	},
 	{
 		name:    "chained after bridge with tc-redirect",
-		plugins: func(e *env) []string { return []string{e.bridgePlugin(), `{"type":"napitap","queues":4}`} },
+		plugins: func(e *cnitest.Env) []string { return []string{e.BridgePlugin(), `{"type":"napitap","queues":4}`} },
 		ifName:  "eth0",
 		tapName: "tap0",
 		chained: true,
 	},
 	{
 		name: "chained after bridge with a bridge in the pod",
-		plugins: func(e *env) []string {
-			return []string{e.bridgePlugin(), `{"type":"napitap","queues":2,"wiring":"bridge"}`}
+		plugins: func(e *cnitest.Env) []string {
+			return []string{e.BridgePlugin(), `{"type":"napitap","queues":2,"wiring":"bridge"}`}
 		},
 		ifName:            "net1",
 		tapName:           "tap1",
@@ -61,7 +65,7 @@ var scenarios = []scenario{
 	},
 	{
 		name:    "chained after ptp with tc-redirect",
-		plugins: func(e *env) []string { return []string{e.ptpPlugin(), `{"type":"napitap","queues":3}`} },
+		plugins: func(e *cnitest.Env) []string { return []string{e.PtpPlugin(), `{"type":"napitap","queues":3}`} },
 		ifName:  "eth0",
 		tapName: "tap0",
 		chained: true,
@@ -74,32 +78,32 @@ func TestEveryVerbInEverySpecVersion(t *testing.T) {
 	for _, sc := range scenarios {
 		for _, v := range allVersions {
 			t.Run(sc.name+" in spec "+v, func(t *testing.T) {
-				e := newEnv(t)
-				before := e.podLinks()
-				list := e.list(v, sc.plugins(e)...)
-				rt := e.rt(sc.ifName)
-				res := e.mustAdd(list, rt)
+				e := cnitest.NewEnv(t, binDir)
+				before := e.PodLinks()
+				list := e.List(v, sc.plugins(e)...)
+				rt := e.Rt(sc.ifName)
+				res := e.MustAdd(list, rt)
 
-				tap := e.inspectTap(sc.tapName)
+				tap := e.InspectTap(sc.tapName)
 				if !tap.Up || !tap.VnetHdr || !tap.Persistent {
 					t.Errorf("tap up=%v vnet_hdr=%v persist=%v, want all true", tap.Up, tap.VnetHdr, tap.Persistent)
 				}
 				if !slices.ContainsFunc(res.Interfaces, func(i *current.Interface) bool {
-					return i.Name == sc.tapName && i.Sandbox == e.pod.Path() && i.Mac == tap.Link.Attrs().HardwareAddr.String()
+					return i.Name == sc.tapName && i.Sandbox == e.Pod.Path() && i.Mac == tap.Link.Attrs().HardwareAddr.String()
 				}) {
-					t.Errorf("result lacks the tap %q in the pod netns: %s", sc.tapName, mustJSON(res))
+					t.Errorf("result lacks the tap %q in the pod netns: %s", sc.tapName, cnitest.MustJSON(res))
 				}
 				if sc.chained {
-					guest, _ := guestOf(t, res, e.containerID)
+					guest, _ := cnitest.GuestOf(t, res, e.ContainerID)
 					if guest.Name != sc.ifName {
 						t.Errorf("guest entry is named %q, want %q", guest.Name, sc.ifName)
 					}
 				}
 
 				if v != "0.3.0" && v != "0.3.1" {
-					check := e.check(list, rt)
+					check := e.Check(list, rt)
 					if sc.takesPeerIdentity {
-						check = e.checkNapitapOnly(list, res, sc.ifName)
+						check = e.CheckNapitapOnly(list, res, sc.ifName)
 					}
 					if check != nil {
 						t.Errorf("CHECK after ADD: %v", check)
@@ -107,23 +111,23 @@ func TestEveryVerbInEverySpecVersion(t *testing.T) {
 				}
 				if v == "1.1.0" {
 					ctx := context.Background()
-					if err := e.inHost(func() error { return e.cni.GetStatusNetworkList(ctx, list) }); err != nil {
+					if err := e.InHost(func() error { return e.CNI.GetStatusNetworkList(ctx, list) }); err != nil {
 						t.Errorf("STATUS: %v", err)
 					}
-					valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: e.containerID, IfName: sc.ifName}}}
-					if err := e.inHost(func() error { return e.cni.GCNetworkList(ctx, list, valid) }); err != nil {
+					valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: e.ContainerID, IfName: sc.ifName}}}
+					if err := e.InHost(func() error { return e.CNI.GCNetworkList(ctx, list, valid) }); err != nil {
 						t.Errorf("GC: %v", err)
 					}
-					e.inspectTap(sc.tapName) // GC keeps a valid attachment
+					e.InspectTap(sc.tapName) // GC keeps a valid attachment
 				}
 
-				if err := e.del(list, rt); err != nil {
+				if err := e.Del(list, rt); err != nil {
 					t.Fatalf("DEL: %v", err)
 				}
-				if after := e.podLinks(); !slices.Equal(before, after) {
+				if after := e.PodLinks(); !slices.Equal(before, after) {
 					t.Errorf("pod netns after DEL: %v, before ADD: %v", after, before)
 				}
-				if err := e.del(list, rt); err != nil {
+				if err := e.Del(list, rt); err != nil {
 					t.Errorf("a second DEL must succeed: %v", err)
 				}
 			})
@@ -137,22 +141,22 @@ func TestEveryVerbInEverySpecVersion(t *testing.T) {
 func TestTrafficCrossesTheWiring(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			e := newEnv(t)
-			list := e.list("1.1.0", sc.plugins(e)...)
-			rt := e.rt(sc.ifName)
-			res := e.mustAdd(list, rt)
-			t.Cleanup(func() { _ = e.del(list, rt) })
+			e := cnitest.NewEnv(t, binDir)
+			list := e.List("1.1.0", sc.plugins(e)...)
+			rt := e.Rt(sc.ifName)
+			res := e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
 
 			guest := &testguest.Guest{VnetHdrLen: 12}
-			peerNS := e.host
+			peerNS := e.Host
 			if sc.chained {
-				iface, ipc := guestOf(t, res, e.containerID)
+				iface, ipc := cnitest.GuestOf(t, res, e.ContainerID)
 				guest.MAC, _ = net.ParseMAC(iface.Mac)
 				guest.IP = ipc.Address.IP
 			} else {
 				// Standalone: the pod netns owns the tap's address and is the
 				// peer; the guest takes another address of the subnet.
-				peerNS = e.pod
+				peerNS = e.Pod
 				guest.MAC = net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x01}
 				guest.IP = net.IPv4(10, 199, 0, 200)
 			}
@@ -186,15 +190,15 @@ func TestTrafficCrossesTheWiring(t *testing.T) {
 
 // openGuestQueues attaches every configured queue of the tap in the pod
 // netns, non-blocking so the guest can stop on time.
-func openGuestQueues(t *testing.T, e *env, tapName string, flags tapsetup.QueueFlags) []*os.File {
+func openGuestQueues(t *testing.T, e *cnitest.Env, tapName string, flags tapsetup.QueueFlags) []*os.File {
 	t.Helper()
-	tap := e.inspectTap(tapName)
+	tap := e.InspectTap(tapName)
 	n := 1
 	if tap.MultiQueue {
 		n = 2
 	}
 	var files []*os.File
-	e.pod.Run(t, func() error {
+	e.Pod.Run(t, func() error {
 		queues, err := tapsetup.OpenQueues(tapName, n, tapsetup.QueueFlags{MultiQueue: tap.MultiQueue, VnetHdr: flags.VnetHdr, NAPI: flags.NAPI})
 		if err != nil {
 			return err
@@ -253,12 +257,12 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			list := e.list("1.0.0", e.bridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01"}`)
-			rt := e.rt("eth0")
-			e.mustAdd(list, rt)
-			t.Cleanup(func() { _ = e.del(list, rt) })
-			e.pod.Run(t, func() error {
+			e := cnitest.NewEnv(t, binDir)
+			list := e.List("1.0.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01"}`)
+			rt := e.Rt("eth0")
+			e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
+			e.Pod.Run(t, func() error {
 				tap, err := netlink.LinkByName("tap0")
 				if err != nil {
 					return err
@@ -269,7 +273,7 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 				}
 				return tc.drift(tap, peer)
 			})
-			err := e.check(list, rt)
+			err := e.Check(list, rt)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("CHECK: got %v, want an error naming %q", err, tc.want)
 			}
@@ -291,16 +295,16 @@ func TestMACPrecedence(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			list := e.list("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true}}`, cfg))
-			rt := e.rt("tap0")
+			e := cnitest.NewEnv(t, binDir)
+			list := e.List("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true}}`, cfg))
+			rt := e.Rt("tap0")
 			rt.Args = tc.args
 			if tc.capability {
 				rt.CapabilityArgs = map[string]interface{}{"mac": capability}
 			}
-			e.mustAdd(list, rt)
-			t.Cleanup(func() { _ = e.del(list, rt) })
-			if got := e.inspectTap("tap0").Link.Attrs().HardwareAddr.String(); got != tc.want {
+			e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
+			if got := e.InspectTap("tap0").Link.Attrs().HardwareAddr.String(); got != tc.want {
 				t.Errorf("tap mac %s, want %s", got, tc.want)
 			}
 		})
@@ -309,12 +313,12 @@ func TestMACPrecedence(t *testing.T) {
 
 // TestPerPodArgs: Multus hands a pod's cni-args to the plugin as args.cni.
 func TestPerPodArgsOverrideTheNetwork(t *testing.T) {
-	e := newEnv(t)
-	list := e.list("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}}}`)
-	rt := e.rt("tap0")
-	e.mustAdd(list, rt)
-	t.Cleanup(func() { _ = e.del(list, rt) })
-	tap := e.inspectTap("tap0")
+	e := cnitest.NewEnv(t, binDir)
+	list := e.List("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}}}`)
+	rt := e.Rt("tap0")
+	e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+	tap := e.InspectTap("tap0")
 	if !tap.MultiQueue || !tap.Sysfs.Threaded || tap.Link.Attrs().HardwareAddr.String() != "02:00:00:00:00:42" {
 		t.Errorf("multiqueue=%v threaded=%v mac=%s, want true true 02:00:00:00:00:42", tap.MultiQueue, tap.Sysfs.Threaded, tap.Link.Attrs().HardwareAddr)
 	}
@@ -324,34 +328,34 @@ func TestPerPodArgsOverrideTheNetwork(t *testing.T) {
 func TestFailedAddLeavesNothing(t *testing.T) {
 	cases := []struct {
 		name     string
-		prepare  func(e *env) error
-		plugins  func(e *env) []string
+		prepare  func(e *cnitest.Env) error
+		plugins  func(e *cnitest.Env) []string
 		ifName   string
 		wantCode uint
 	}{
 		{
 			name: "a bridge name already taken in the pod fails after the tap exists",
-			prepare: func(e *env) error {
+			prepare: func(e *cnitest.Env) error {
 				return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-tap0"}})
 			},
-			plugins: func(e *env) []string {
-				return []string{`{"type":"napitap","wiring":"bridge","queues":2,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"` + e.pod.Path() + `"}]}}`}
+			plugins: func(e *cnitest.Env) []string {
+				return []string{`{"type":"napitap","wiring":"bridge","queues":2,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"` + e.Pod.Path() + `"}]}}`}
 			},
 			ifName:   "eth0",
 			wantCode: types.ErrInternal,
 		},
 		{
 			name: "a tap name taken by another link fails without touching it",
-			prepare: func(e *env) error {
+			prepare: func(e *cnitest.Env) error {
 				return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}})
 			},
-			plugins:  func(e *env) []string { return []string{`{"type":"napitap","queues":2}`} },
+			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","queues":2}`} },
 			ifName:   "tap0",
 			wantCode: types.ErrInternal,
 		},
 		{
 			name: "an IPAM failure leaves no tap",
-			plugins: func(e *env) []string {
+			plugins: func(e *cnitest.Env) []string {
 				return []string{`{"type":"napitap","ipam":{"type":"host-local","subnet":"not-a-subnet"}}`}
 			},
 			ifName:   "tap0",
@@ -359,38 +363,38 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 		},
 		{
 			name:     "queues out of range is a config error naming the field",
-			plugins:  func(e *env) []string { return []string{`{"type":"napitap","queues":257}`} },
+			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","queues":257}`} },
 			ifName:   "tap0",
 			wantCode: types.ErrInvalidNetworkConfig,
 		},
 		{
 			name:     "tc-redirect without a previous plugin is a config error",
-			plugins:  func(e *env) []string { return []string{`{"type":"napitap","wiring":"tc-redirect"}`} },
+			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","wiring":"tc-redirect"}`} },
 			ifName:   "eth0",
 			wantCode: types.ErrInvalidNetworkConfig,
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			e.pod.Run(t, func() error {
+			e := cnitest.NewEnv(t, binDir)
+			e.Pod.Run(t, func() error {
 				// A stand-in for the previous plugin's interface.
 				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"})
 			})
 			if tc.prepare != nil {
-				e.pod.Run(t, func() error { return tc.prepare(e) })
+				e.Pod.Run(t, func() error { return tc.prepare(e) })
 			}
-			before := e.podLinks()
+			before := e.PodLinks()
 			plugins := tc.plugins(e)
 			conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"napitap-test",%s`, strings.TrimPrefix(plugins[0], "{"))
-			err := e.execNapitap("ADD", conf, tc.ifName)
+			err := e.ExecNapitap("ADD", conf, tc.ifName)
 			if err == nil {
 				t.Fatal("ADD succeeded, want an error")
 			}
-			if code := cniCode(err); code != tc.wantCode {
+			if code := cnitest.CNICode(err); code != tc.wantCode {
 				t.Errorf("error code %d (%v), want %d", code, err, tc.wantCode)
 			}
-			if after := e.podLinks(); !slices.Equal(before, after) {
+			if after := e.PodLinks(); !slices.Equal(before, after) {
 				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
 			}
 		})
@@ -398,31 +402,31 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 }
 
 func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
-	e := newEnv(t)
-	list := e.list("1.0.0", `{"type":"napitap","queues":2}`)
-	rt := e.rt("tap0")
-	e.mustAdd(list, rt)
-	t.Cleanup(func() { _ = e.del(list, rt) })
-	_, err := e.add(list, rt)
+	e := cnitest.NewEnv(t, binDir)
+	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
+	rt := e.Rt("tap0")
+	e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+	_, err := e.Add(list, rt)
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("second ADD: got %v, want an error saying the tap exists", err)
 	}
-	if err := e.check(list, rt); err != nil {
+	if err := e.Check(list, rt); err != nil {
 		t.Errorf("CHECK after the failed second ADD: %v", err)
 	}
 }
 
 func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
-	e := newEnv(t)
-	list := e.list("1.0.0", `{"type":"napitap","queues":2}`)
-	rt := e.rt("tap0")
-	e.mustAdd(list, rt)
+	e := cnitest.NewEnv(t, binDir)
+	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
+	rt := e.Rt("tap0")
+	e.MustAdd(list, rt)
 	rt.NetNS = "/run/netns/napitap-does-not-exist"
-	if err := e.del(list, rt); err != nil {
+	if err := e.Del(list, rt); err != nil {
 		t.Errorf("DEL with the netns gone: %v", err)
 	}
 	rt.NetNS = ""
-	if err := e.del(list, rt); err != nil {
+	if err := e.Del(list, rt); err != nil {
 		t.Errorf("DEL without a netns: %v", err)
 	}
 }
@@ -430,19 +434,19 @@ func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
 // BenchmarkAddDel4QueueNAPI: ADD then DEL of a standalone 4-queue NAPI tap,
 // exec'd through libcni as a runtime does.
 func BenchmarkAddDel4QueueNAPI(b *testing.B) {
-	e := newEnv(b)
+	e := cnitest.NewEnv(b, binDir)
 	list, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"napitap-bench","plugins":[{"type":"napitap","queues":4}]}`))
 	if err != nil {
 		b.Fatal(err)
 	}
-	rt := &libcni.RuntimeConf{ContainerID: "napitap-bench", NetNS: e.pod.Path(), IfName: "tap0"}
+	rt := &libcni.RuntimeConf{ContainerID: "napitap-bench", NetNS: e.Pod.Path(), IfName: "tap0"}
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := e.cni.AddNetworkList(ctx, list, rt); err != nil {
+		if _, err := e.CNI.AddNetworkList(ctx, list, rt); err != nil {
 			b.Fatal(err)
 		}
-		if err := e.cni.DelNetworkList(ctx, list, rt); err != nil {
+		if err := e.CNI.DelNetworkList(ctx, list, rt); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -451,12 +455,12 @@ func BenchmarkAddDel4QueueNAPI(b *testing.B) {
 // TestUnavailableTunIsReported hides /dev/net/tun in a private mount
 // namespace: STATUS and ADD must answer code 50 and leave the pod alone.
 func TestUnavailableTunIsReported(t *testing.T) {
-	e := newEnv(t)
+	e := cnitest.NewEnv(t, binDir)
 	conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap","queues":2}`
 	for _, command := range []string{"STATUS", "ADD"} {
 		t.Run(command+" answers code 50 without /dev/net/tun", func(t *testing.T) {
 			script := fmt.Sprintf(`mount -t tmpfs napitap-test /dev/net && exec env CNI_COMMAND=%s CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s %s/napitap`,
-				command, e.containerID, e.pod.Path(), binDir, binDir)
+				command, e.ContainerID, e.Pod.Path(), binDir, binDir)
 			cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 			cmd.Stdin = strings.NewReader(conf)
 			out, err := cmd.Output()
@@ -470,7 +474,7 @@ func TestUnavailableTunIsReported(t *testing.T) {
 			if cniErr.Code != types.ErrPluginNotAvailable || !strings.Contains(cniErr.Msg, "/dev/net/tun") {
 				t.Errorf("got code %d %q, want code 50 naming /dev/net/tun", cniErr.Code, cniErr.Msg)
 			}
-			if links := e.podLinks(); len(links) != 1 {
+			if links := e.PodLinks(); len(links) != 1 {
 				t.Errorf("pod netns: %v, want only lo", links)
 			}
 		})
@@ -478,22 +482,22 @@ func TestUnavailableTunIsReported(t *testing.T) {
 }
 
 func TestNAPIKnobsAreApplied(t *testing.T) {
-	e := newEnv(t)
-	list := e.list("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
-	rt := e.rt("tap0")
-	e.mustAdd(list, rt)
-	t.Cleanup(func() { _ = e.del(list, rt) })
-	got := e.inspectTap("tap0").Sysfs
+	e := cnitest.NewEnv(t, binDir)
+	list := e.List("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
+	rt := e.Rt("tap0")
+	e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+	got := e.InspectTap("tap0").Sysfs
 	if !got.Threaded || got.GROFlushTimeout != 50000 || got.DeferHardIRQs != 2 {
 		t.Errorf("threaded=%v gro_flush_timeout=%d napi_defer_hard_irqs=%d, want true 50000 2", got.Threaded, got.GROFlushTimeout, got.DeferHardIRQs)
 	}
-	if err := e.check(list, rt); err != nil {
+	if err := e.Check(list, rt); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
 }
 
 func TestBadEnvironmentIsCode4(t *testing.T) {
-	e := newEnv(t)
+	e := cnitest.NewEnv(t, binDir)
 	conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap"}`
 	cases := []struct {
 		name  string
@@ -504,7 +508,7 @@ func TestBadEnvironmentIsCode4(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+" is rejected naming CNI_NETNS", func(t *testing.T) {
-			args := fmt.Sprintf("CNI_COMMAND=ADD CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s", e.containerID, tc.netns, binDir)
+			args := fmt.Sprintf("CNI_COMMAND=ADD CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s", e.ContainerID, tc.netns, binDir)
 			cmd := exec.Command("env", append(strings.Fields(args), binDir+"/napitap")...)
 			cmd.Stdin = strings.NewReader(conf)
 			out, _ := cmd.Output()

@@ -1,0 +1,259 @@
+// Package cnitest drives CNI plugins through libcni the way a runtime
+// does, against real network namespaces, for napitap's tests and e2e.
+package cnitest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// ReferencePlugins are the upstream plugins napitap chains after, built from
+// the Go module proxy at the versions go.mod pins.
+var ReferencePlugins = []string{
+	"github.com/containernetworking/plugins/plugins/main/bridge",
+	"github.com/containernetworking/plugins/plugins/main/ptp",
+	"github.com/containernetworking/plugins/plugins/ipam/host-local",
+}
+
+// Build compiles pkgs (import paths or ./dirs relative to the working
+// directory) into a new temp dir and returns it; the caller removes it.
+func Build(pkgs ...string) (string, error) {
+	dir, err := os.MkdirTemp("", "napitap-bin-")
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("go build %v: %w", pkgs, err)
+	}
+	return dir, nil
+}
+
+// env is one runtime host (a netns of its own, where bridge/ptp put their
+// host side) and one pod netns, driven through libcni as a runtime would.
+type Env struct {
+	t           testing.TB
+	Host, Pod   *nstest.NetNS
+	CNI         *libcni.CNIConfig
+	BinDir      string
+	Suffix      string
+	ContainerID string
+	DataDir     string
+	Subnet      string
+}
+
+// NewEnv makes a host and a pod netns and a libcni that execs e.BinDir.
+func NewEnv(t testing.TB, binDir string) *Env {
+	t.Helper()
+	nstest.RequireRoot(t)
+	e := &Env{t: t, Host: nstest.New(t, "host"), Pod: nstest.New(t, "pod"), Suffix: nstest.RandomSuffix(), BinDir: binDir}
+	e.ContainerID = "napitap-test-" + e.Suffix
+	e.DataDir = t.TempDir()
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(e.DataDir, "cache"), nil)
+	e.Subnet = "10.199.0.0/24"
+	e.Host.Run(t, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	return e
+}
+
+// Plugin configs, as JSON objects to put in a conflist.
+func (e *Env) BridgePlugin() string {
+	return fmt.Sprintf(`{"type":"bridge","bridge":"napibr-%s","isGateway":true,"ipam":{"type":"host-local","subnet":%q,"dataDir":%q}}`,
+		e.Suffix, e.Subnet, filepath.Join(e.DataDir, "ipam"))
+}
+
+func (e *Env) PtpPlugin() string {
+	return fmt.Sprintf(`{"type":"ptp","ipam":{"type":"host-local","subnet":%q,"dataDir":%q}}`, e.Subnet, filepath.Join(e.DataDir, "ipam"))
+}
+
+func (e *Env) Ipam() string {
+	return fmt.Sprintf(`{"type":"host-local","subnet":%q,"dataDir":%q}`, e.Subnet, filepath.Join(e.DataDir, "ipam"))
+}
+
+func (e *Env) List(version string, plugins ...string) *libcni.NetworkConfigList {
+	e.t.Helper()
+	raw := fmt.Sprintf(`{"cniVersion":%q,"name":"napitap-test","plugins":[%s]}`, version, strings.Join(plugins, ","))
+	list, err := libcni.ConfListFromBytes([]byte(raw))
+	if err != nil {
+		e.t.Fatalf("conflist %s: %v", raw, err)
+	}
+	return list
+}
+
+func (e *Env) Rt(ifName string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: e.ContainerID, NetNS: e.Pod.Path(), IfName: ifName}
+}
+
+// inHost runs fn in the host netns, so plugins exec'd from it act there.
+func (e *Env) InHost(fn func() error) error {
+	return e.Host.Do(func(ns.NetNS) error { return fn() })
+}
+
+func (e *Env) Add(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*current.Result, error) {
+	var res types.Result
+	err := e.InHost(func() (err error) {
+		res, err = e.CNI.AddNetworkList(context.Background(), list, rt)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return current.NewResultFromResult(res)
+}
+
+func (e *Env) MustAdd(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) *current.Result {
+	e.t.Helper()
+	res, err := e.Add(list, rt)
+	if err != nil {
+		e.t.Fatalf("ADD: %v", err)
+	}
+	return res
+}
+
+func (e *Env) Check(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	return e.InHost(func() error { return e.CNI.CheckNetworkList(context.Background(), list, rt) })
+}
+
+func (e *Env) Gc(list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
+	return e.InHost(func() error {
+		return e.CNI.GCNetworkList(context.Background(), list, &libcni.GCArgs{ValidAttachments: valid})
+	})
+}
+
+func (e *Env) Del(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	return e.InHost(func() error { return e.CNI.DelNetworkList(context.Background(), list, rt) })
+}
+
+// execNapitap runs the napitap binary alone with conf (prevResult and all),
+// for cases a conflist cannot express.
+func (e *Env) ExecNapitap(command, conf string, ifName string) error {
+	args := &invoke.Args{Command: command, ContainerID: e.ContainerID, NetNS: e.Pod.Path(), IfName: ifName, Path: e.BinDir}
+	return e.InHost(func() error {
+		_, err := invoke.ExecPluginWithResult(context.Background(), filepath.Join(e.BinDir, "napitap"), []byte(conf), args, nil)
+		if command != "ADD" && err != nil && strings.Contains(err.Error(), "unexpected end of JSON input") {
+			return nil // DEL and CHECK print nothing
+		}
+		return err
+	})
+}
+
+// checkNapitapOnly runs napitap's CHECK alone, with the chain's final
+// result as prevResult, as the last plugin of list.
+func (e *Env) CheckNapitapOnly(list *libcni.NetworkConfigList, final *current.Result, ifName string) error {
+	var plugin map[string]any
+	if err := json.Unmarshal(list.Plugins[len(list.Plugins)-1].Bytes, &plugin); err != nil {
+		return err
+	}
+	versioned, err := final.GetAsVersion(list.CNIVersion)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(versioned)
+	if err != nil {
+		return err
+	}
+	var prev map[string]any
+	if err := json.Unmarshal(raw, &prev); err != nil {
+		return err
+	}
+	plugin["cniVersion"], plugin["name"], plugin["prevResult"] = list.CNIVersion, list.Name, prev
+	conf, err := json.Marshal(plugin)
+	if err != nil {
+		return err
+	}
+	return e.ExecNapitap("CHECK", string(conf), ifName)
+}
+
+// podLinks lists "name/type" of every link in the pod netns, with napitap's
+// tc filters, so tests can say the pod is as it was.
+func (e *Env) PodLinks() []string {
+	e.t.Helper()
+	var out []string
+	e.Pod.Run(e.t, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			desc := l.Attrs().Name + "/" + l.Type() + "/" + l.Attrs().HardwareAddr.String()
+			if filters, err := tapsetup.RedirectFilters(l); err == nil && len(filters) > 0 {
+				desc += "/redirect"
+			}
+			if l.Attrs().MasterIndex != 0 {
+				desc += "/enslaved"
+			}
+			out = append(out, desc)
+		}
+		return nil
+	})
+	sort.Strings(out)
+	return out
+}
+
+func (e *Env) InspectTap(name string) *tapsetup.Tap {
+	e.t.Helper()
+	tap, err := tapsetup.Inspect(e.Pod.Path(), name)
+	if err != nil {
+		e.t.Fatalf("inspect: %v", err)
+	}
+	return tap
+}
+
+// guestOf returns the guest NIC entry of a result and its IPv4 address.
+func GuestOf(t *testing.T, res *current.Result, containerID string) (*current.Interface, *current.IPConfig) {
+	t.Helper()
+	for i, iface := range res.Interfaces {
+		if iface.Sandbox != containerID {
+			continue
+		}
+		for _, ipc := range res.IPs {
+			if ipc.Interface != nil && *ipc.Interface == i && ipc.Address.IP.To4() != nil {
+				return iface, ipc
+			}
+		}
+		t.Fatalf("guest entry %q has no IPv4 address in %s", iface.Name, MustJSON(res))
+	}
+	t.Fatalf("no guest entry (sandbox %q) in %s", containerID, MustJSON(res))
+	return nil, nil
+}
+
+func MustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// cniError digs the plugin's CNI error out of libcni's wrapping.
+func CNIError(err error) *types.Error {
+	var e *types.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &types.Error{Msg: fmt.Sprint(err)}
+}
+
+func CNICode(err error) uint { return CNIError(err).Code }
