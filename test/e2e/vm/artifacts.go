@@ -169,7 +169,8 @@ func Artifacts(cacheDir string) (kernel, initrd string, err error) {
 		return "", "", fmt.Errorf("vm artifacts: lock %s: %w", lockPath, err)
 	}
 	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN) //nolint:errcheck
-	if complete(dir) { // built by whoever held the lock before us
+	// Whoever held the lock before us may have built it.
+	if complete(dir) {
 		return kernel, initrd, nil
 	}
 	// We hold the lock: any .build-* left is from a killed build.
