@@ -105,7 +105,7 @@ func (e *Env) List(version string, plugins ...string) *libcni.NetworkConfigList 
 	return list
 }
 
-func (e *Env) Rt(ifName string) *libcni.RuntimeConf {
+func (e *Env) RT(ifName string) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{ContainerID: e.ContainerID, NetNS: e.Pod.Path(), IfName: ifName}
 }
 

@@ -55,7 +55,7 @@ func TestHandoffKeepsTheQueuesUntilDel(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
 	list := e.List("1.1.0", e.BridgePlugin(), `{"type":"napitap","queues":4,`+handoffConf(d.socket, true)+`}`)
-	rt := e.Rt("net1")
+	rt := e.RT("net1")
 	res := e.MustAdd(list, rt)
 
 	atts, err := d.client().List()
@@ -102,7 +102,7 @@ func TestHandoffWithoutNapitapd(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
 			before := e.PodLinks()
 			list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(tc.socket, tc.required)+`}`)
-			rt := e.Rt("tap0")
+			rt := e.RT("tap0")
 			_, err := e.Add(list, rt)
 			if tc.wantCode == 0 {
 				if err != nil {
@@ -128,7 +128,7 @@ func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
 	list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
-	kept, dropped := e.Rt("tap0"), e.Rt("tap1")
+	kept, dropped := e.RT("tap0"), e.RT("tap1")
 	dropped.ContainerID = e.ContainerID + "-crashed"
 	e.MustAdd(list, kept)
 	e.MustAdd(list, dropped)
@@ -151,7 +151,7 @@ func TestDelWithNapitapdDownIsSweptLater(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
 	list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(d.socket, true)+`}`)
-	rt := e.Rt("tap0")
+	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	d.stop()
 	d.stop = func() {}

@@ -81,7 +81,7 @@ func TestEveryVerbInEverySpecVersion(t *testing.T) {
 				e := cnitest.NewEnv(t, binDir)
 				before := e.PodLinks()
 				list := e.List(v, sc.plugins(e)...)
-				rt := e.Rt(sc.ifName)
+				rt := e.RT(sc.ifName)
 				res := e.MustAdd(list, rt)
 
 				tap := e.InspectTap(sc.tapName)
@@ -143,7 +143,7 @@ func TestTrafficCrossesTheWiring(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
 			list := e.List("1.1.0", sc.plugins(e)...)
-			rt := e.Rt(sc.ifName)
+			rt := e.RT(sc.ifName)
 			res := e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
 
@@ -259,7 +259,7 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
 			list := e.List("1.0.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01"}`)
-			rt := e.Rt("eth0")
+			rt := e.RT("eth0")
 			e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
 			e.Pod.Run(t, func() error {
@@ -297,7 +297,7 @@ func TestMACPrecedence(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
 			list := e.List("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true}}`, cfg))
-			rt := e.Rt("tap0")
+			rt := e.RT("tap0")
 			rt.Args = tc.args
 			if tc.capability {
 				rt.CapabilityArgs = map[string]interface{}{"mac": capability}
@@ -315,7 +315,7 @@ func TestMACPrecedence(t *testing.T) {
 func TestPerPodArgsOverrideTheNetwork(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	list := e.List("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}}}`)
-	rt := e.Rt("tap0")
+	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
 	tap := e.InspectTap("tap0")
@@ -404,7 +404,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
-	rt := e.Rt("tap0")
+	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
 	_, err := e.Add(list, rt)
@@ -419,7 +419,7 @@ func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
 func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
-	rt := e.Rt("tap0")
+	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	rt.NetNS = "/run/netns/napitap-does-not-exist"
 	if err := e.Del(list, rt); err != nil {
@@ -484,7 +484,7 @@ func TestUnavailableTunIsReported(t *testing.T) {
 func TestNAPIKnobsAreApplied(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	list := e.List("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
-	rt := e.Rt("tap0")
+	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
 	got := e.InspectTap("tap0").Sysfs
