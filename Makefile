@@ -15,12 +15,13 @@ TEST_TIMEOUT ?= 20m
 
 all: build
 
-# Debian packages the demo and tests call (ip, tc); installed only if missing.
+# Debian packages the demo and tests call (iproute2, QEMU, busybox-static);
+# installed only if missing.
 deps:
 	./hack/deps.sh
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitapctl
 
 tools:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(TOOLS)
@@ -29,8 +30,9 @@ tools:
 demo: deps build tools
 	./hack/demo.sh
 
-# Everything, privileged tests included (run as root; CI=true makes a test
-# that cannot run fail instead of skip).
+# Everything, privileged tests and the QEMU e2e included (run as root;
+# CI=true makes a test that cannot run fail instead of skip). The guest
+# kernel and initramfs are cached under .cache/vm.
 test: deps build tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...

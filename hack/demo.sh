@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The demo: a throwaway "node" netns and "pod" netns; cnitool runs the
-# bridge + napitap chain as a runtime would, shows the result, the tap and
-# its tc filters, checks it, deletes it, and shows nothing is left.
+# The demo: a throwaway "node" netns and "pod" netns and a napitapd of the
+# demo's own; cnitool runs the bridge + napitap chain as a runtime would,
+# shows the result, the tap, its tc filters and the queues napitapd holds,
+# checks it, deletes it, and shows nothing is left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 host=napitap-demo-host
 pod=napitap-demo-pod
 work=$(mktemp -d /tmp/napitap-demo.XXXXXX)
+napitapd_pid=
 cleanup() {
+	if [ -n "$napitapd_pid" ]; then kill "$napitapd_pid" 2>/dev/null; wait "$napitapd_pid" 2>/dev/null || true; fi
 	ip netns del "$pod" 2>/dev/null || true
 	ip netns del "$host" 2>/dev/null || true
 	rm -rf "$work" /run/napitap-demo
@@ -19,7 +22,11 @@ cleanup_stale
 
 ip netns add "$host"
 ip netns add "$pod"
-cp examples/bridge-napitap.conflist "$work/"
+socket=$work/napitapd.sock
+sed "s#/run/napitap/napitapd.sock#$socket#" examples/bridge-napitap.conflist >"$work/bridge-napitap.conflist"
+./bin/napitapd --socket "$socket" --state-dir "$work/state" 2>"$work/napitapd.log" &
+napitapd_pid=$!
+for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
 
 export CNI_PATH=$PWD/bin NETCONFPATH=$work CNI_IFNAME=eth0
 # Plugins run in the throwaway host netns, so the bridge is made there.
@@ -37,6 +44,9 @@ say "tc redirect filters (eth0 <-> tap0)"
 ip netns exec "$pod" tc filter show dev eth0 ingress
 ip netns exec "$pod" tc filter show dev tap0 ingress
 
+say "napitapd holds the NAPI queues until the VMM fetches them (napitapctl list)"
+./bin/napitapctl --socket "$socket" list
+
 say "CHECK"
 cnitool check napitap-demo "/run/netns/$pod" && echo "CHECK passed"
 
@@ -50,3 +60,5 @@ if [ "$left" != 0 ]; then
 	exit 1
 fi
 echo "nothing left: only lo remains"
+say "napitapd after DEL"
+./bin/napitapctl --socket "$socket" list

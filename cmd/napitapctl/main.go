@@ -23,9 +23,10 @@ func usage() {
 	fmt.Fprintf(os.Stderr, `usage:
   napitapctl [--socket PATH] exec [--container ID --ifname IF] -- CMD [ARGS...]
       Fetch the attachment's queue fds (without --container: the one in this
-      process's netns) and run CMD with them as fds 3, 4, ...; "{fds}" in
-      ARGS becomes "3:4:..." and "{queues}" the queue count. Signals are
-      passed on; napitapctl exits with CMD's status.
+      process's netns) and run CMD with them as fds 3, 4, ...; in ARGS,
+      "{fds}" becomes "3:4:...", "{fds,}" "3,4,...", "{queues}" the queue
+      count and "{mac}" the MAC the guest must use. Signals are passed on;
+      napitapctl exits with CMD's status.
   napitapctl [--socket PATH] list
 `)
 	os.Exit(2)
@@ -75,9 +76,14 @@ func execCmd(client *handoff.Client, args []string) error {
 	for i := range files {
 		nums[i] = strconv.Itoa(3 + i) // ExtraFiles[i] becomes fd 3+i
 	}
+	expand := strings.NewReplacer(
+		"{fds}", strings.Join(nums, ":"), // QEMU: fds=3:4
+		"{fds,}", strings.Join(nums, ","), // Cloud Hypervisor: fd=[3,4]
+		"{queues}", strconv.Itoa(att.Queues),
+		"{mac}", att.MAC,
+	)
 	for i, a := range argv {
-		a = strings.ReplaceAll(a, "{fds}", strings.Join(nums, ":"))
-		argv[i] = strings.ReplaceAll(a, "{queues}", strconv.Itoa(att.Queues))
+		argv[i] = expand.Replace(a)
 	}
 	// A child, not an exec of this process: os/exec places the fds after
 	// fork, where no Go runtime fd can be in the way.

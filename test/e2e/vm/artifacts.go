@@ -4,7 +4,7 @@
 // initramfs built here; its /init configures eth0, prints markers on the
 // serial console, runs a caller's shell script and powers off.
 //
-// Host requirements (hack/deps-e2e.sh installs them): qemu-system-x86_64,
+// Host requirements (hack/deps.sh installs them): qemu-system-x86_64,
 // Debian's busybox-static (/bin/busybox), dpkg-deb, apt-get with package
 // lists (to download the kernel package once), xz for compressed modules.
 package vm
@@ -226,7 +226,7 @@ func build(out, kernelPkg, initSh string) error {
 	dl := exec.Command("apt-get", "download", "-o", "APT::Sandbox::User=root", pkg)
 	dl.Dir = work
 	if o, err := dl.CombinedOutput(); err != nil {
-		return fmt.Errorf("apt-get download %s (run hack/deps-e2e.sh for apt package lists): %v: %s", pkg, err, bytes.TrimSpace(o))
+		return fmt.Errorf("apt-get download %s (run hack/deps.sh for apt package lists): %v: %s", pkg, err, bytes.TrimSpace(o))
 	}
 	debs, _ := filepath.Glob(filepath.Join(work, "*.deb"))
 	if len(debs) != 1 {
@@ -270,10 +270,10 @@ func build(out, kernelPkg, initSh string) error {
 
 	bb, err := os.ReadFile(busyboxPath)
 	if err != nil {
-		return fmt.Errorf("read %s (install busybox-static: hack/deps-e2e.sh): %w", busyboxPath, err)
+		return fmt.Errorf("read %s (install busybox-static: hack/deps.sh): %w", busyboxPath, err)
 	}
 	if !isStaticELF(bb) {
-		return fmt.Errorf("%s is not a static binary; install busybox-static (hack/deps-e2e.sh)", busyboxPath)
+		return fmt.Errorf("%s is not a static binary; install busybox-static (hack/deps.sh)", busyboxPath)
 	}
 
 	f, err := os.Create(filepath.Join(out, "initrd.gz"))
@@ -331,7 +331,7 @@ func resolveKernelPackage(name string) (string, error) {
 	for range 5 {
 		o, err := exec.Command("apt-cache", "depends", name).CombinedOutput()
 		if err != nil {
-			return "", fmt.Errorf("apt-cache depends %s (run hack/deps-e2e.sh for apt package lists): %v: %s", name, err, bytes.TrimSpace(o))
+			return "", fmt.Errorf("apt-cache depends %s (run hack/deps.sh for apt package lists): %v: %s", name, err, bytes.TrimSpace(o))
 		}
 		m := dependsImage.FindSubmatch(o)
 		if m == nil {
