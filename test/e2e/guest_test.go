@@ -19,6 +19,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/cnitest"
@@ -127,6 +129,8 @@ func TestGuestTrafficTakesTheNAPIPath(t *testing.T) {
 			script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
 echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
+echo PEER-PING-WINDOW
+sleep 4
 `, gateway, bulk/65536)
 			guest := vm.Guest{IP: guestIP.Address.String(), Gateway: gateway, MAC: guestIf.Mac, Script: script}
 			serial := filepath.Join(t.TempDir(), "serial.log")
@@ -148,6 +152,12 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			t.Cleanup(func() { _ = v.Stop() })
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
+			if err := v.WaitFor(ctx, "PEER-PING-WINDOW"); err != nil {
+				t.Fatal(err)
+			}
+			if err := pingFromHost(e, guestIP.Address.IP, 3); err != nil {
+				t.Errorf("peer -> guest ping: %v", err)
+			}
 			if err := v.WaitFor(ctx, "NAPITAP-GUEST-DONE"); err != nil {
 				t.Fatal(err)
 			}
@@ -188,6 +198,47 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			}
 		})
 	}
+}
+
+// pingFromHost sends ICMP echo requests from the host netns to dst and
+// wants every one answered.
+func pingFromHost(e *cnitest.Env, dst net.IP, count int) error {
+	var conn *icmp.PacketConn
+	err := e.Host.Do(func(ns.NetNS) (err error) {
+		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	id := os.Getpid() & 0xffff
+	buf := make([]byte, 1500)
+	for seq := 1; seq <= count; seq++ {
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("napitap")}}
+		b, err := msg.Marshal(nil)
+		if err != nil {
+			return err
+		}
+		if _, err := conn.WriteTo(b, &net.IPAddr{IP: dst}); err != nil {
+			return err
+		}
+		for answered := false; !answered; {
+			_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			n, from, err := conn.ReadFrom(buf)
+			if err != nil {
+				return fmt.Errorf("echo %d: %w", seq, err)
+			}
+			reply, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || reply.Type != ipv4.ICMPTypeEchoReply || !from.(*net.IPAddr).IP.Equal(dst) {
+				continue
+			}
+			if echo, ok := reply.Body.(*icmp.Echo); ok && echo.ID == id && echo.Seq == seq {
+				answered = true
+			}
+		}
+	}
+	return nil
 }
 
 func cacheDir(t *testing.T) string {
