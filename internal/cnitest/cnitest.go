@@ -33,6 +33,20 @@ var ReferencePlugins = []string{
 	"github.com/containernetworking/plugins/plugins/ipam/host-local",
 }
 
+// MainWithBinaries is a TestMain body: it builds pkgs into a temp dir,
+// stores the dir in *binDir, runs the tests and removes the dir.
+func MainWithBinaries(m *testing.M, binDir *string, pkgs ...string) {
+	dir, err := Build(pkgs...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // Build compiles pkgs (import paths or ./dirs relative to the working
 // directory) into a new temp dir and returns it; the caller removes it.
 func Build(pkgs ...string) (string, error) {

@@ -21,13 +21,9 @@ const RedirectPriority = 0x4e41
 // matchall, because u32 is in every kernel config that has mirred. On error
 // it undoes itself.
 func WireRedirect(peerName, tapName string) (err error) {
-	peer, err := netlinksafe.LinkByName(peerName)
+	peer, tap, err := linkPair(peerName, tapName)
 	if err != nil {
-		return fmt.Errorf("interface %q: %w", peerName, err)
-	}
-	tap, err := netlinksafe.LinkByName(tapName)
-	if err != nil {
-		return fmt.Errorf("tap %q: %w", tapName, err)
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -54,6 +50,17 @@ func WireRedirect(peerName, tapName string) (err error) {
 		}
 	}
 	return nil
+}
+
+// linkPair looks up the two ends a wiring joins.
+func linkPair(peerName, tapName string) (peer, tap netlink.Link, err error) {
+	if peer, err = netlinksafe.LinkByName(peerName); err != nil {
+		return nil, nil, fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	if tap, err = netlinksafe.LinkByName(tapName); err != nil {
+		return nil, nil, fmt.Errorf("tap %q: %w", tapName, err)
+	}
+	return peer, tap, nil
 }
 
 func ensureClsact(link netlink.Link) error {
@@ -163,13 +170,9 @@ func removeClsactIfUnused(link netlink.Link) error {
 // tap, and loses its addresses, since the pod's stack would otherwise answer
 // ARP for them through the bridge.
 func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (err error) {
-	peer, err := netlinksafe.LinkByName(peerName)
+	peer, tap, err := linkPair(peerName, tapName)
 	if err != nil {
-		return fmt.Errorf("interface %q: %w", peerName, err)
-	}
-	tap, err := netlinksafe.LinkByName(tapName)
-	if err != nil {
-		return fmt.Errorf("tap %q: %w", tapName, err)
+		return err
 	}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName, MTU: peer.Attrs().MTU}}
 	if err := netlink.LinkAdd(br); err != nil {

@@ -31,19 +31,11 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := cnitest.Build(append([]string{
+	cnitest.MainWithBinaries(m, &binDir, append([]string{
 		"github.com/napitap/napitap/plugins/napitap",
 		"github.com/napitap/napitap/cmd/napitapd",
 		"github.com/napitap/napitap/cmd/napitapctl",
 	}, cnitest.ReferencePlugins...)...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
 }
 
 // startNapitapd runs the napitapd binary on a socket of the test's own and
