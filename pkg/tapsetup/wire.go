@@ -262,3 +262,31 @@ func UnwireBridge(brName, peerName string, peerMAC net.HardwareAddr) error {
 	}
 	return nil
 }
+
+// CheckRedirect reports what is missing of WireRedirect between peer and tap.
+func CheckRedirect(peer, tap netlink.Link) error {
+	for _, pair := range [][2]netlink.Link{{peer, tap}, {tap, peer}} {
+		target, err := RedirectTarget(pair[0])
+		if err != nil {
+			return err
+		}
+		if target != pair[1].Attrs().Index {
+			return fmt.Errorf("no redirect filter from %q to %q", pair[0].Attrs().Name, pair[1].Attrs().Name)
+		}
+	}
+	return nil
+}
+
+// CheckBridge reports what is missing of WireBridge for peer and tap.
+func CheckBridge(brName string, peer, tap netlink.Link) error {
+	br, err := netlinksafe.LinkByName(brName)
+	if err != nil {
+		return fmt.Errorf("bridge %q is missing: %w", brName, err)
+	}
+	for _, port := range []netlink.Link{peer, tap} {
+		if port.Attrs().MasterIndex != br.Attrs().Index {
+			return fmt.Errorf("%q is not a port of bridge %q", port.Attrs().Name, brName)
+		}
+	}
+	return nil
+}

@@ -82,27 +82,15 @@ func checkWiring(conf *config.Config, tap netlink.Link) (drift []string, err err
 		drift = append(drift, fmt.Sprintf("mtu is %d, want %d", tap.Attrs().MTU, wantMTU))
 	}
 
+	var wiringErr error
 	switch conf.Wiring {
 	case config.WiringTCRedirect:
-		for _, pair := range [][2]netlink.Link{{peer, tap}, {tap, peer}} {
-			target, err := tapsetup.RedirectTarget(pair[0])
-			if err != nil {
-				return nil, err
-			}
-			if target != pair[1].Attrs().Index {
-				drift = append(drift, fmt.Sprintf("no redirect filter from %q to %q", pair[0].Attrs().Name, pair[1].Attrs().Name))
-			}
-		}
+		wiringErr = tapsetup.CheckRedirect(peer, tap)
 	case config.WiringBridge:
-		br, err := netlinksafe.LinkByName(conf.Bridge)
-		if err != nil {
-			return append(drift, fmt.Sprintf("bridge %q is missing", conf.Bridge)), nil
-		}
-		for _, port := range []netlink.Link{peer, tap} {
-			if port.Attrs().MasterIndex != br.Attrs().Index {
-				drift = append(drift, fmt.Sprintf("%q is not a port of bridge %q", port.Attrs().Name, conf.Bridge))
-			}
-		}
+		wiringErr = tapsetup.CheckBridge(conf.Bridge, peer, tap)
+	}
+	if wiringErr != nil {
+		drift = append(drift, wiringErr.Error())
 	}
 	return drift, nil
 }
