@@ -14,6 +14,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/napitap/napitap/internal/inet"
 )
 
 const (
@@ -236,7 +238,7 @@ func ipv4Reply(out, pkt []byte, ip net.IP) (int, int) {
 		copy(r[2:4], l4[0:2])
 		binary.BigEndian.PutUint16(r[6:], 0)
 		// 0 means "no checksum" in UDP, so a computed 0 is sent as 0xffff.
-		sum := checksum(r, pseudoHeaderSum(ip, pkt[12:16], protoUDP, len(r)))
+		sum := inet.Checksum(r, inet.PseudoHeaderSum(ip, pkt[12:16], protoUDP, len(r)))
 		if sum == 0 {
 			sum = 0xffff
 		}
@@ -248,7 +250,7 @@ func ipv4Reply(out, pkt []byte, ip net.IP) (int, int) {
 		copy(r, l4)
 		r[0] = 0 // echo reply
 		binary.BigEndian.PutUint16(r[2:], 0)
-		binary.BigEndian.PutUint16(r[2:], checksum(r, 0))
+		binary.BigEndian.PutUint16(r[2:], inet.Checksum(r, 0))
 	default:
 		return 0, 0
 	}
@@ -264,30 +266,6 @@ func ipv4Reply(out, pkt []byte, ip net.IP) (int, int) {
 	binary.BigEndian.PutUint16(h[10:], 0)
 	copy(h[12:16], ip)
 	copy(h[16:20], pkt[12:16])
-	binary.BigEndian.PutUint16(h[10:], checksum(h, 0))
+	binary.BigEndian.PutUint16(h[10:], inet.Checksum(h, 0))
 	return ipv4HdrLen + len(r), proto
-}
-
-// pseudoHeaderSum is the unfolded one's complement sum of an IPv4 pseudo
-// header.
-func pseudoHeaderSum(src, dst []byte, proto, l4Len int) uint32 {
-	var s uint32
-	for i := 0; i < 4; i += 2 {
-		s += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
-	}
-	return s + uint32(proto) + uint32(l4Len)
-}
-
-// checksum is the Internet checksum (RFC 1071) of b, starting from sum.
-func checksum(b []byte, sum uint32) uint16 {
-	for ; len(b) >= 2; b = b[2:] {
-		sum += uint32(binary.BigEndian.Uint16(b))
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }

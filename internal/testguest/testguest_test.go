@@ -3,23 +3,21 @@ package testguest
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/inet"
+	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 func TestServeRejectsFilesWithoutDeadlines(t *testing.T) {
@@ -36,7 +34,7 @@ func TestServeRejectsFilesWithoutDeadlines(t *testing.T) {
 }
 
 func TestGuestAnswersARPUDPAndICMP(t *testing.T) {
-	requireRoot(t)
+	nstest.RequireRoot(t)
 
 	tests := []struct {
 		name       string
@@ -48,7 +46,7 @@ func TestGuestAnswersARPUDPAndICMP(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			const tapName = "guest0"
-			netns := newNetNS(t, "napitap-guest-")
+			netns := nstest.New(t, "guest")
 			queues := createTap(t, netns, tapName, tt.vnetHdrLen, 2)
 
 			g := &Guest{
@@ -153,7 +151,7 @@ func icmpEcho(ip net.IP) error {
 	}
 	defer conn.Close()
 	req := []byte{8, 0, 0, 0, 0x12, 0x34, 0, 1, 'p', 'i', 'n', 'g'}
-	binary.BigEndian.PutUint16(req[2:], checksum(req, 0))
+	binary.BigEndian.PutUint16(req[2:], inet.Checksum(req, 0))
 	if _, err := conn.WriteTo(req, &net.IPAddr{IP: ip}); err != nil {
 		return fmt.Errorf("sending ICMP echo request to %v: %w", ip, err)
 	}
@@ -169,156 +167,59 @@ func icmpEcho(ip net.IP) error {
 		if !from.(*net.IPAddr).IP.Equal(ip) || len(rep) != len(req) || rep[0] != 0 {
 			continue
 		}
-		if checksum(rep, 0) != 0 || !bytes.Equal(rep[4:], req[4:]) {
+		if inet.Checksum(rep, 0) != 0 || !bytes.Equal(rep[4:], req[4:]) {
 			return fmt.Errorf("bad ICMP echo reply from %v: % x", ip, rep)
 		}
 		return nil
 	}
 }
 
-// requireRoot skips the test without root, except in CI where a missing
-// privilege must fail loudly rather than pass silently.
-func requireRoot(t *testing.T) {
+// createTap creates the persistent multiqueue tap name in netns with
+// nQueues queues, brings it up with 10.99.0.1/24 and returns the queues
+// non-blocking, so that os.NewFile hands them to Go's poller and they take
+// deadlines. When the test ends the queues are closed and the tap deleted.
+func createTap(t *testing.T, netns *nstest.NetNS, name string, vnetHdrLen, nQueues int) []*os.File {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("test needs root (CI=true)")
-	}
-	t.Skip("test needs root")
-}
-
-// newNetNS creates a persistent network namespace named prefix plus a random
-// suffix under /run/netns, so leftovers are recognisable, and removes it
-// when the test ends. testutils.NewNS cannot take a name; this follows it.
-func newNetNS(t *testing.T, prefix string) ns.NetNS {
-	t.Helper()
-	const runDir = "/var/run/netns" // the prefix testutils.UnmountNS expects
-	if err := os.MkdirAll(runDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// Shared, like ip-netns does, so the bind mount shows in other mount
-	// namespaces too.
-	if err := unix.Mount("", runDir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
-		if err := unix.Mount(runDir, runDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			t.Fatalf("bind mounting %s: %v", runDir, err)
-		}
-		if err := unix.Mount("", runDir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
-			t.Fatalf("making %s shared: %v", runDir, err)
-		}
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	nsPath := filepath.Join(runDir, prefix+hex.EncodeToString(b))
-	f, err := os.OpenFile(nsPath, os.O_CREATE|os.O_EXCL, 0o444)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		// Never unlocked: the thread moves to the new netns and must die
-		// with the goroutine instead of going back to the scheduler.
-		runtime.LockOSThread()
-		if err = unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			return
-		}
-		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		err = unix.Mount(self, nsPath, "none", unix.MS_BIND, "")
-	}()
-	wg.Wait()
-	if err != nil {
-		os.Remove(nsPath)
-		t.Fatalf("creating netns %s: %v", nsPath, err)
-	}
-	netns, err := ns.GetNS(nsPath)
-	if err != nil {
-		unix.Unmount(nsPath, unix.MNT_DETACH)
-		os.Remove(nsPath)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		netns.Close()
-		if err := testutils.UnmountNS(netns); err != nil {
-			t.Errorf("removing netns: %v", err)
-		}
-	})
-	return netns
-}
-
-// createTap creates the multiqueue tap name in netns with nQueues queues
-// opened non-blocking, so that os.NewFile hands them to Go's poller and
-// they take deadlines, brings it up with 10.99.0.1/24, and closes the
-// queues when the test ends; the tap is not persistent and goes with them.
-func createTap(t *testing.T, netns ns.NetNS, name string, vnetHdrLen, nQueues int) []*os.File {
-	t.Helper()
-	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_MULTI_QUEUE)
-	if vnetHdrLen > 0 {
-		flags |= unix.IFF_VNET_HDR
-	}
-	var queues []*os.File
-	t.Cleanup(func() {
-		for _, q := range queues {
-			q.Close()
-		}
-	})
-	err := netns.Do(func(ns.NetNS) error {
-		for i := 0; i < nQueues; i++ {
-			// The tap is created in the netns of whoever opened
-			// /dev/net/tun, so the open must happen in here.
-			fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-			if err != nil {
-				return err
-			}
-			ifr, err := unix.NewIfreq(name)
-			if err != nil {
-				unix.Close(fd)
-				return err
-			}
-			ifr.SetUint16(flags)
-			if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-				unix.Close(fd)
-				return fmt.Errorf("TUNSETIFF queue %d: %w", i, err)
-			}
-			// Only now: os.NewFile registers the fd with epoll, and an
-			// unattached tun fd polls as EPOLLERR, which Go's poller
-			// remembers as "not pollable" for good.
-			queues = append(queues, os.NewFile(uintptr(fd), fmt.Sprintf("%s queue %d", name, i)))
-		}
-		if vnetHdrLen > 0 {
-			fd, err := queues[0].SyscallConn()
-			if err != nil {
-				return err
-			}
-			var ioctlErr error
-			if err := fd.Control(func(fd uintptr) {
-				ioctlErr = unix.IoctlSetPointerInt(int(fd), unix.TUNSETVNETHDRSZ, vnetHdrLen)
-			}); err != nil {
-				return err
-			}
-			if ioctlErr != nil {
-				return fmt.Errorf("TUNSETVNETHDRSZ: %w", ioctlErr)
-			}
-		}
-		link, err := netlink.LinkByName(name)
+	spec := tapsetup.Spec{Name: name, Queues: nQueues, VnetHdrSize: vnetHdrLen,
+		Flags: tapsetup.QueueFlags{MultiQueue: true, VnetHdr: vnetHdrLen > 0}}
+	var files []*os.File
+	netns.Run(t, func() error {
+		tap, queues, err := tapsetup.Create(spec)
 		if err != nil {
 			return err
+		}
+		// The duplicates keep the queues attached.
+		defer tapsetup.CloseQueues(queues)
+		// The tap is persistent: the queues go first, then the device,
+		// then (nstest's earlier cleanup) the netns.
+		t.Cleanup(func() {
+			tapsetup.CloseQueues(files)
+			if err := netns.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(name) }); err != nil {
+				t.Errorf("deleting tap %q in netns %s: %v", name, netns.Name, err)
+			}
+		})
+		for i, q := range queues {
+			// tapsetup's files block. A non-blocking duplicate of the
+			// already attached fd is pollable: an unattached tun fd polls
+			// as EPOLLERR, which Go's poller remembers as "not pollable".
+			fd, err := unix.Dup(int(q.Fd()))
+			if err != nil {
+				return err
+			}
+			if err := unix.SetNonblock(fd, true); err != nil {
+				unix.Close(fd)
+				return err
+			}
+			files = append(files, os.NewFile(uintptr(fd), fmt.Sprintf("%s queue %d", name, i)))
 		}
 		addr, err := netlink.ParseAddr("10.99.0.1/24")
 		if err != nil {
 			return err
 		}
-		if err := netlink.AddrAdd(link, addr); err != nil {
+		if err := netlink.AddrAdd(tap, addr); err != nil {
 			return err
 		}
-		return netlink.LinkSetUp(link)
+		return netlink.LinkSetUp(tap)
 	})
-	if err != nil {
-		t.Fatalf("tap %q in netns %s: %v", name, netns.Path(), err)
-	}
-	return queues
+	return files
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/inet"
 )
 
 const (
@@ -218,7 +220,7 @@ func buildFrame(b []byte, dst net.HardwareAddr, ipID uint16, seq uint32, payload
 	binary.BigEndian.PutUint16(ip[10:], 0)
 	copy(ip[12:16], srcIP)
 	copy(ip[16:20], dstIP)
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], inet.Checksum(ip, 0))
 
 	tcp := b[ethHdrLen+ipHdrLen:]
 	binary.BigEndian.PutUint16(tcp[0:], srcPort)
@@ -233,31 +235,7 @@ func buildFrame(b []byte, dst net.HardwareAddr, ipID uint16, seq uint32, payload
 	binary.BigEndian.PutUint16(tcp[18:], 0)      // urgent pointer
 	copy(tcp[tcpHdrLen:], payload)
 	tcp = tcp[:tcpHdrLen+len(payload)]
-	binary.BigEndian.PutUint16(tcp[16:], checksum(tcp, pseudoHeaderSum(ip, len(tcp))))
-}
-
-// pseudoHeaderSum is the unfolded one's complement sum of the IPv4 pseudo
-// header of a TCP segment of l4Len bytes.
-func pseudoHeaderSum(ip []byte, l4Len int) uint32 {
-	var s uint32
-	for i := 12; i < 20; i += 2 {
-		s += uint32(binary.BigEndian.Uint16(ip[i:]))
-	}
-	return s + uint32(ip[9]) + uint32(l4Len)
-}
-
-// checksum is the Internet checksum (RFC 1071) of b, starting from sum.
-func checksum(b []byte, sum uint32) uint16 {
-	for ; len(b) >= 2; b = b[2:] {
-		sum += uint32(binary.BigEndian.Uint16(b))
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
+	binary.BigEndian.PutUint16(tcp[16:], inet.Checksum(tcp, inet.PseudoHeaderSum(ip[12:16], ip[16:20], unix.IPPROTO_TCP, len(tcp))))
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
