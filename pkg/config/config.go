@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/katadan"
 )
 
 // SupportedVersions are the CNI spec versions napitap speaks.
@@ -63,6 +64,7 @@ type NetConf struct {
 	Bridge            string  `json:"bridge,omitempty"`
 
 	Handoff *HandoffConf `json:"handoff,omitempty"`
+	KataDan *KataDanConf `json:"kataDan,omitempty"`
 
 	RuntimeConfig struct {
 		MAC string `json:"mac,omitempty"`
@@ -78,6 +80,13 @@ type HandoffConf struct {
 	Socket   string `json:"socket,omitempty"`
 	Required bool   `json:"required,omitempty"`
 	Disabled bool   `json:"disabled,omitempty"`
+}
+
+// KataDanConf asks for a Kata runtime-rs DAN file entry per attachment.
+type KataDanConf struct {
+	Enabled   bool   `json:"enabled,omitempty"`
+	Dir       string `json:"dir,omitempty"`
+	QueueSize int    `json:"queueSize,omitempty"`
 }
 
 // PodArgs are the per-pod overrides Multus passes from a pod's network
@@ -140,6 +149,11 @@ type Config struct {
 	HandoffSocket   string
 	HandoffRequired bool
 
+	// KataDanDir is where ADD writes the sandbox's DAN file for Kata
+	// runtime-rs; empty when not asked for.
+	KataDanDir       string
+	KataDanQueueSize int
+
 	ifName      string
 	containerID string
 }
@@ -201,6 +215,18 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 			c.HandoffSocket = h.Socket
 		}
 		c.HandoffRequired = h.Required
+	}
+	if k := nc.KataDan; k != nil && k.Enabled {
+		c.KataDanDir, c.KataDanQueueSize = k.Dir, k.QueueSize
+		if k.Dir == "" {
+			c.KataDanDir = katadan.DefaultDir
+		}
+		if !strings.HasPrefix(c.KataDanDir, "/") {
+			return nil, invalid("kataDan.dir", "%q is not an absolute path", k.Dir)
+		}
+		if k.QueueSize != 0 && (k.QueueSize < 2 || k.QueueSize > 32768 || k.QueueSize&(k.QueueSize-1) != 0) {
+			return nil, invalid("kataDan.queueSize", "%d is not a power of two in 2-32768", k.QueueSize)
+		}
 	}
 
 	if nc.RawPrevResult != nil {

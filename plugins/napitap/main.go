@@ -75,7 +75,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		}
 	}
 
-	var tap netlink.Link
+	var result *current.Result
 	var guestMAC net.HardwareAddr
 	err = netns.Do(func(ns.NetNS) (err error) {
 		spec := tapSpec(conf)
@@ -136,15 +136,25 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 				return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 			}
 		}
-		if tap, err = netlinksafe.LinkByName(conf.TapName); err != nil {
+		tap, err := netlinksafe.LinkByName(conf.TapName)
+		if err != nil {
 			return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 		}
-		return handOff(conf, args, attachmentOf(conf, args, tap, guestMAC), queues)
+		if err := handOff(conf, args, attachmentOf(conf, args, tap, guestMAC), queues); err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				releaseHandoff(conf, handoff.Key{ContainerID: args.ContainerID, IfName: args.IfName})
+			}
+		}()
+		result = buildResult(conf, args, tap, guestMAC, ipamResult)
+		return writeKataDan(conf, args, result)
 	})
 	if err != nil {
 		return err
 	}
-	return types.PrintResult(buildResult(conf, args, tap, guestMAC, ipamResult), conf.CNIVersion)
+	return types.PrintResult(result, conf.CNIVersion)
 }
 
 // buildResult lists the previous interfaces, then the tap, then, for chained
@@ -202,6 +212,9 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	releaseHandoff(conf, handoff.Key{ContainerID: args.ContainerID, IfName: args.IfName})
+	if err := removeKataDan(conf, args); err != nil {
+		return err
+	}
 	if conf.IPAM.Type != "" {
 		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
 			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
@@ -306,6 +319,9 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	gcHandoff(conf)
+	if err := gcKataDan(conf); err != nil {
+		return err
+	}
 	if conf.IPAM.Type != "" {
 		if err := invoke.DelegateGC(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/testguest"
+	"github.com/napitap/napitap/pkg/katadan"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -520,5 +521,38 @@ func TestBadEnvironmentIsCode4(t *testing.T) {
 				t.Errorf("got code %d %q, want code 4 naming CNI_NETNS", cniErr.Code, cniErr.Msg)
 			}
 		})
+	}
+}
+
+func TestKataDanFileFollowsTheAttachment(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	danDir := t.TempDir()
+	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":4,"kataDan":{"enabled":true,"dir":%q}}`, danDir))
+	rt := e.RT("eth0")
+	res := e.MustAdd(list, rt)
+	guest, ip := cnitest.GuestOf(t, res, e.ContainerID)
+
+	b, err := os.ReadFile(katadan.Path(danDir, e.ContainerID))
+	if err != nil {
+		t.Fatalf("no DAN file after ADD: %v", err)
+	}
+	var dan katadan.File
+	if err := json.Unmarshal(b, &dan); err != nil {
+		t.Fatal(err)
+	}
+	if len(dan.Devices) != 1 {
+		t.Fatalf("DAN file %s, want one device", b)
+	}
+	dev := dan.Devices[0]
+	if dan.Netns != e.Pod.Path() || dev.Name != "eth0" || dev.GuestMAC != guest.Mac || dev.Device.Type != "host-tap" ||
+		dev.Device.TapName != "tap0" || dev.Device.QueueNum != 4 || !slices.Equal(dev.NetworkInfo.Interface.IPAddresses, []string{ip.Address.String()}) {
+		t.Errorf("DAN file %s, want host-tap tap0 with 4 queues, MAC %s and %s", b, guest.Mac, ip.Address.String())
+	}
+
+	if err := e.Del(list, rt); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(danDir); len(entries) != 0 {
+		t.Errorf("DAN dir after DEL: %v", entries)
 	}
 }

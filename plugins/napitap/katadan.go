@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/katadan"
+)
+
+// writeKataDan records the tap for Kata runtime-rs, which plugs "host-tap"
+// devices it finds in the sandbox's DAN file into the VM. runtime-rs opens
+// the tap by name, so the guest gets the tap without NAPI (DESIGN.md fact 6).
+func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Result) error {
+	if conf.KataDanDir == "" {
+		return nil
+	}
+	dev := katadan.Device{
+		Name: args.IfName,
+		Device: katadan.HostTap{
+			Type:      "host-tap",
+			TapName:   conf.TapName,
+			QueueNum:  conf.Queues,
+			QueueSize: conf.KataDanQueueSize,
+		},
+		NetworkInfo: katadan.NetworkInfo{Interface: katadan.Interface{NType: "tuntap", IPAddresses: []string{}}, Routes: []katadan.Route{}, Neighbors: []any{}},
+		Network:     conf.Name,
+	}
+	// The guest is the last interface of the result: the guest NIC entry
+	// when chained, the tap itself otherwise.
+	guest := len(result.Interfaces) - 1
+	dev.GuestMAC = result.Interfaces[guest].Mac
+	dev.NetworkInfo.Interface.MTU = result.Interfaces[guest].Mtu
+	for _, ipc := range result.IPs {
+		if ipc.Interface != nil && *ipc.Interface == guest {
+			dev.NetworkInfo.Interface.IPAddresses = append(dev.NetworkInfo.Interface.IPAddresses, ipc.Address.String())
+		}
+	}
+	for _, r := range result.Routes {
+		route := katadan.Route{Dest: r.Dst.String()}
+		if r.GW != nil {
+			route.Gateway = r.GW.String()
+		}
+		dev.NetworkInfo.Routes = append(dev.NetworkInfo.Routes, route)
+	}
+	if err := katadan.Put(conf.KataDanDir, args.ContainerID, args.Netns, dev); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
+	}
+	return nil
+}
+
+func removeKataDan(conf *config.Config, args *skel.CmdArgs) error {
+	if conf.KataDanDir == "" {
+		return nil
+	}
+	if err := katadan.Remove(conf.KataDanDir, args.ContainerID, args.IfName); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
+	}
+	return nil
+}
+
+func gcKataDan(conf *config.Config) error {
+	if conf.KataDanDir == "" {
+		return nil
+	}
+	keep := func(sandbox string) bool {
+		return slices.ContainsFunc(conf.ValidAttachments, func(a types.GCAttachment) bool { return a.ContainerID == sandbox })
+	}
+	if err := katadan.GC(conf.KataDanDir, conf.Name, keep); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
+	}
+	return nil
+}
