@@ -156,6 +156,7 @@ type Config struct {
 
 	ifName      string
 	containerID string
+	confMAC     net.HardwareAddr
 }
 
 // Attachment is what the runtime says about the attachment besides the
@@ -240,11 +241,11 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		c.PrevResult = prev
 	}
 
-	mac, err := resolveMAC(&nc, att.CNIArgs)
+	mac, confMAC, err := resolveMAC(&nc, att.CNIArgs)
 	if err != nil {
 		return nil, err
 	}
-	c.MAC = mac
+	c.MAC, c.confMAC = mac, confMAC
 	if err := applyPodArgs(c, nc.Args.CNI); err != nil {
 		return nil, err
 	}
@@ -260,12 +261,14 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 }
 
 // resolveMAC applies the precedence config < args.cni < CNI_ARGS MAC= <
-// runtimeConfig.mac (the "mac" capability), most specific last.
-func resolveMAC(nc *NetConf, cniArgs string) (net.HardwareAddr, error) {
+// runtimeConfig.mac (the "mac" capability), most specific last. It returns
+// the config's own MAC too: chained wirings keep the per-pod ones off the
+// tap (see resolveWiring).
+func resolveMAC(nc *NetConf, cniArgs string) (mac, confMAC net.HardwareAddr, err error) {
 	var env envArgs
 	if cniArgs != "" {
 		if err := types.LoadArgs(cniArgs, &env); err != nil {
-			return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %v", err), "")
+			return nil, nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %v", err), "")
 		}
 	}
 	candidates := []struct{ field, value string }{
@@ -274,24 +277,26 @@ func resolveMAC(nc *NetConf, cniArgs string) (net.HardwareAddr, error) {
 		{"CNI_ARGS MAC", string(env.MAC)},
 		{"runtimeConfig.mac", nc.RuntimeConfig.MAC},
 	}
-	var mac net.HardwareAddr
-	for _, cand := range candidates {
+	for i, cand := range candidates {
 		if cand.value == "" {
 			continue
 		}
 		hw, err := net.ParseMAC(cand.value)
 		if err != nil || len(hw) != 6 {
-			return nil, invalid(cand.field, "%q is not an Ethernet MAC address", cand.value)
+			return nil, nil, invalid(cand.field, "%q is not an Ethernet MAC address", cand.value)
 		}
 		if hw[0]&1 != 0 {
-			return nil, invalid(cand.field, "%q is a multicast address", cand.value)
+			return nil, nil, invalid(cand.field, "%q is a multicast address", cand.value)
 		}
 		if bytes.Equal(hw, make([]byte, 6)) {
-			return nil, invalid(cand.field, "%q is the all-zero address", cand.value)
+			return nil, nil, invalid(cand.field, "%q is the all-zero address", cand.value)
 		}
 		mac = hw
+		if i == 0 {
+			confMAC = hw
+		}
 	}
-	return mac, nil
+	return mac, confMAC, nil
 }
 
 func applyPodArgs(c *Config, a PodArgs) error {
@@ -340,6 +345,10 @@ func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 	}
 	if c.Wiring != WiringNone {
 		c.PeerIfName = ifName
+		// A pod's own MAC (Multus' mac, CNI_ARGS MAC=) is the pod
+		// interface's, which the previous plugin sets and the guest takes
+		// over; on the tap it would clash with the guest in bridge wiring.
+		c.MAC = c.confMAC
 	}
 
 	c.TapName, c.TapNameGiven = tapName, tapName != ""

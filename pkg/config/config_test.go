@@ -417,6 +417,11 @@ func TestMACPrecedence(t *testing.T) {
 			[]string{member("mac", confMAC), `"runtimeConfig":{` + member("mac", runtimeMAC) + `}`}, "", runtimeMAC},
 		{"runtimeConfig.mac is used alone", []string{`"runtimeConfig":{` + member("mac", runtimeMAC) + `}`}, "", runtimeMAC},
 		{"an uppercase mac is normalized", []string{member("mac", "02:AB:CD:EF:00:01")}, "", "02:ab:cd:ef:00:01"},
+		{"chained, a pod's runtimeConfig.mac stays off the tap: it is the pod interface's",
+			[]string{member("mac", confMAC), `"runtimeConfig":{` + member("mac", runtimeMAC) + `}`, prevResult(iface("net1", "/run/netns/pod"))},
+			"IgnoreUnknown=1;MAC=" + envMAC, confMAC},
+		{"chained without a config mac, the tap keeps the kernel's",
+			[]string{`"runtimeConfig":{` + member("mac", runtimeMAC) + `}`, prevResult(iface("net1", "/run/netns/pod"))}, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
