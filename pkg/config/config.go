@@ -21,6 +21,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/katadan"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // SupportedVersions are the CNI spec versions napitap speaks.
@@ -479,21 +480,8 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// ValidateLinkName enforces the kernel's dev_valid_name rules plus '%',
-// which would make the kernel pick a name of its own.
-func ValidateLinkName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("name is empty")
-	case len(name) > 15:
-		return fmt.Errorf("%q is longer than 15 bytes", name)
-	case name == "." || name == "..":
-		return fmt.Errorf("%q is not a valid interface name", name)
-	case strings.ContainsAny(name, "/:% \t\n\r\v\f"):
-		return fmt.Errorf("%q contains '/', ':', '%%' or whitespace", name)
-	}
-	return nil
-}
+// ValidateLinkName is tapsetup.ValidateLinkName, for config callers.
+func ValidateLinkName(name string) error { return tapsetup.ValidateLinkName(name) }
 
 // decodeError turns a JSON error into a CNI error naming the field when the
 // JSON is well formed but a value has the wrong type.

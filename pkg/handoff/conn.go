@@ -66,9 +66,11 @@ func recvMsg(c *net.UnixConn) ([]byte, []*os.File, error) {
 	case flags&unix.MSG_TRUNC != 0 || n > MaxHeader:
 		closeAll(files)
 		return nil, nil, fmt.Errorf("%w: message larger than %d bytes", errTruncated, MaxHeader)
+	case n == 0 && oobn == 0:
+		return nil, nil, io.EOF // SEQPACKET: a 0-byte read is the peer's close
 	case n == 0:
 		closeAll(files)
-		return nil, nil, io.EOF
+		return nil, nil, fmt.Errorf("%w: fds without a message", errTruncated)
 	}
 	return buf[:n], files, nil
 }

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 const (
@@ -43,15 +45,14 @@ type Key struct {
 func (k Key) String() string { return k.ContainerID + "/" + k.IfName }
 
 var containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$`)
-var ifNamePattern = regexp.MustCompile(`^[^/:%\s]{1,15}$`)
 
 // Validate keeps keys safe to use in file names and logs.
 func (k Key) Validate() error {
 	if !containerIDPattern.MatchString(k.ContainerID) {
 		return fmt.Errorf("containerID %q: want letters, digits, '_', '.', '-'", k.ContainerID)
 	}
-	if !ifNamePattern.MatchString(k.IfName) || k.IfName == "." || k.IfName == ".." {
-		return fmt.Errorf("ifName %q is not an interface name", k.IfName)
+	if err := tapsetup.ValidateLinkName(k.IfName); err != nil {
+		return fmt.Errorf("ifName: %w", err)
 	}
 	return nil
 }
@@ -86,8 +87,8 @@ func (a *Attachment) Validate() error {
 	if a.Netns == "" || a.Netns[0] != '/' {
 		return fmt.Errorf("attachment %s: netns %q is not an absolute path", a.Key, a.Netns)
 	}
-	if !ifNamePattern.MatchString(a.TapName) {
-		return fmt.Errorf("attachment %s: tapName %q is not an interface name", a.Key, a.TapName)
+	if err := tapsetup.ValidateLinkName(a.TapName); err != nil {
+		return fmt.Errorf("attachment %s: tapName: %w", a.Key, err)
 	}
 	if a.Queues < 1 || a.Queues > MaxFDs {
 		return fmt.Errorf("attachment %s: queues %d out of range 1-%d", a.Key, a.Queues, MaxFDs)

@@ -306,8 +306,9 @@ func reopen(att *Attachment) ([]*os.File, *Error) {
 		if tap, ok := link.(*netlink.Tuntap); !ok {
 			perr = errorf(CodeUnavailable, "attachment %s: %q is no longer a tap", att.Key, att.TapName)
 			return nil
-		} else if tap.Queues > 0 {
-			perr = errorf(CodeBusy, "attachment %s: tap %q still has %d queues attached", att.Key, att.TapName, tap.Queues)
+		} else if tap.Queues > 0 || tap.DisabledQueues > 0 {
+			// A detached queue (TUNSETQUEUE, DESIGN.md fact 3) can come back.
+			perr = errorf(CodeBusy, "attachment %s: tap %q still has %d queues attached and %d detached", att.Key, att.TapName, tap.Queues, tap.DisabledQueues)
 			return nil
 		}
 		files, err = tapsetup.OpenQueues(att.TapName, att.Queues, tapsetup.QueueFlags{

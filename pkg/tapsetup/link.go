@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -50,6 +51,25 @@ func Inspect(netnsPath, name string) (*Tap, error) {
 	}
 	tap.Sysfs = *attrs
 	return &tap, nil
+}
+
+// ValidateLinkName enforces the kernel's dev_valid_name rules, counted in
+// bytes, plus '%', which would make the kernel pick a name of its own, and
+// control characters, which have no business in a name.
+func ValidateLinkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("name is empty")
+	case len(name) > 15:
+		return fmt.Errorf("%q is longer than 15 bytes", name)
+	case name == "." || name == "..":
+		return fmt.Errorf("%q is not a valid interface name", name)
+	case strings.ContainsAny(name, "/:% "):
+		return fmt.Errorf("%q contains '/', ':', '%%' or a space", name)
+	case strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return fmt.Errorf("%q contains a control character", name)
+	}
+	return nil
 }
 
 // ErrNotTap marks a link that exists under the tap's name but is no tap;

@@ -112,10 +112,17 @@ func writeAttr(dir, attr, value string) error {
 func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the Go runtime ends this thread with the goroutine,
-		// and its netns and mount namespace with it.
+		// Never unlocked: the Go runtime ends this thread with the goroutine.
+		// Except the main thread, which it parks instead; so the thread goes
+		// back to its own namespaces first, and a parked main thread pins no
+		// pod netns.
 		runtime.LockOSThread()
 		errc <- func() error {
+			restore, err := saveNamespaces()
+			if err != nil {
+				return err
+			}
+			defer restore()
 			netns, err := ns.GetNS(netnsPath)
 			if err != nil {
 				return err
@@ -140,6 +147,26 @@ func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
 		return fmt.Errorf("netns %s: %w", netnsPath, err)
 	}
 	return nil
+}
+
+// saveNamespaces returns a func that puts the calling thread back into its
+// current mount and network namespaces.
+func saveNamespaces() (func(), error) {
+	mnt, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("save mount namespace: %w", err)
+	}
+	net, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(mnt)
+		return nil, fmt.Errorf("save network namespace: %w", err)
+	}
+	return func() {
+		_ = unix.Setns(mnt, unix.CLONE_NEWNS)
+		_ = unix.Setns(net, unix.CLONE_NEWNET)
+		unix.Close(mnt)
+		unix.Close(net)
+	}, nil
 }
 
 func withNetNS(netnsPath string, fn func() error) error {
