@@ -2,7 +2,8 @@
 # Installs the Debian packages napitap's demo and tests need, if missing:
 # iproute2 (ip, tc), util-linux (nsenter, unshare), QEMU (TCG is enough, no
 # KVM needed), a static busybox for the guest initramfs, and the tools to
-# unpack a Debian kernel package. Idempotent; runs `apt-get update` only when
+# unpack a Debian kernel package; containerd (with ctr) and runc for the CRI
+# e2e (test/e2e/cri). Idempotent; runs `apt-get update` only when
 # something is missing (or apt has no package lists, which `apt-get
 # download` of the guest kernel needs).
 set -euo pipefail
@@ -15,6 +16,8 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v tc >/dev/null || missing+=(iproute2)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v make >/dev/null || missing+=(make)
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
 lists_ok=0
 compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null && lists_ok=1
 if [ ${#missing[@]} -gt 0 ] || [ "$lists_ok" = 0 ]; then
