@@ -153,7 +153,7 @@ func (e *Env) Check(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) erro
 	return e.InHost(func() error { return e.CNI.CheckNetworkList(context.Background(), list, rt) })
 }
 
-func (e *Env) Gc(list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
+func (e *Env) GC(list *libcni.NetworkConfigList, valid []types.GCAttachment) error {
 	return e.InHost(func() error {
 		return e.CNI.GCNetworkList(context.Background(), list, &libcni.GCArgs{ValidAttachments: valid})
 	})

@@ -73,6 +73,10 @@ type Attachment struct {
 	MTU         int     `json:"mtu,omitempty"`
 	Owner       *uint32 `json:"owner,omitempty"`
 	Group       *uint32 `json:"group,omitempty"`
+	// How the tap is wired to CNI_IFNAME, so GC can undo it after a
+	// runtime that never called DEL.
+	Wiring string `json:"wiring,omitempty"`
+	Bridge string `json:"bridge,omitempty"`
 
 	// Set by napitapd.
 	NetnsInode uint64 `json:"netnsInode,omitempty"`

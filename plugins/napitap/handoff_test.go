@@ -135,7 +135,7 @@ func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
 	t.Cleanup(func() { _ = e.Del(list, kept); _ = e.Del(list, dropped) })
 
 	valid := []types.GCAttachment{{ContainerID: kept.ContainerID, IfName: kept.IfName}}
-	if err := e.Gc(list, valid); err != nil {
+	if err := e.GC(list, valid); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	atts, err := d.client().List()
@@ -144,6 +144,41 @@ func TestGCReleasesWhatTheRuntimeNoLongerLists(t *testing.T) {
 	}
 	if len(atts) != 1 || atts[0].ContainerID != kept.ContainerID || d.srv.HeldFDs() != 2 {
 		t.Errorf("after GC napitapd holds %+v (%d fds), want only %s with 2", atts, d.srv.HeldFDs(), kept.ContainerID)
+	}
+	links := e.PodLinks()
+	if !slices.ContainsFunc(links, func(l string) bool { return strings.HasPrefix(l, "tap0/") }) ||
+		slices.ContainsFunc(links, func(l string) bool { return strings.HasPrefix(l, "tap1/") }) {
+		t.Errorf("pod links after GC: %v, want tap0 kept and tap1 removed", links)
+	}
+}
+
+// TestGCAfterARuntimeCrash: the runtime lost every pod without DEL; a GC
+// with no valid attachments leaves nothing of napitap's on the node.
+func TestGCAfterARuntimeCrash(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	d := startNapitapd(t, "")
+	danDir := t.TempDir()
+	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,%s,"kataDan":{"enabled":true,"dir":%q}}`, handoffConf(d.socket, true), danDir))
+	rt := e.RT("eth0")
+	e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+
+	if err := e.GC(list, nil); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if atts, _ := d.client().List(); len(atts) != 0 || d.srv.HeldFDs() != 0 {
+		t.Errorf("napitapd after GC: %+v (%d fds)", atts, d.srv.HeldFDs())
+	}
+	for _, l := range e.PodLinks() {
+		if strings.HasPrefix(l, "tap0/") || strings.HasSuffix(l, "/redirect") {
+			t.Errorf("pod netns after GC still has %s", l)
+		}
+	}
+	if entries, _ := os.ReadDir(danDir); len(entries) != 0 {
+		t.Errorf("DAN files after GC: %v", entries)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.stateDir, "*")); len(left) != 0 {
+		t.Errorf("napitapd state after GC: %v", left)
 	}
 }
 

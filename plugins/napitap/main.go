@@ -346,6 +346,8 @@ func attachmentOf(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gue
 		MTU:         tap.Attrs().MTU,
 		Owner:       conf.Owner,
 		Group:       conf.Group,
+		Wiring:      conf.Wiring,
+		Bridge:      conf.Bridge,
 	}
 	if guestMAC != nil {
 		att.MAC = guestMAC.String()
