@@ -11,7 +11,7 @@ TOOLS     := github.com/containernetworking/plugins/plugins/main/bridge \
              github.com/containernetworking/cni/cnitool
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build tools demo test unit bench clean
+.PHONY: all deps build tools demo test unit fuzz-short bench clean
 
 all: build
 
@@ -36,6 +36,12 @@ demo: deps build tools
 test: deps build tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# Each fuzz target for a short bounded time (CI); FUZZTIME=10m for long runs.
+FUZZTIME ?= 20s
+fuzz-short:
+	$(GO) test ./pkg/config/ -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME)
+	$(GO) test ./pkg/handoff/ -run '^$$' -fuzz FuzzDecodeRequest -fuzztime $(FUZZTIME)
 
 # Tests that need no root.
 unit:

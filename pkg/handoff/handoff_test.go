@@ -1554,3 +1554,56 @@ func inode(t testing.TB, path string) uint64 {
 	}
 	return st.Ino
 }
+
+// TestSocketModeAndGroupAreEnforced: with the default 0660 and a socket
+// group, only root and members of that group can even connect.
+func TestSocketModeAndGroupAreEnforced(t *testing.T) {
+	nstest.RequireRoot(t)
+	sockDir, err := os.MkdirTemp("/tmp", "napitap-handoff-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	if err := os.Chmod(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const socketGroup = 4242
+	socket := filepath.Join(sockDir, "napitapd.sock")
+	srv, err := handoff.NewServer(filepath.Join(t.TempDir(), "state"), newLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := handoff.Listen(socket, 0o660, socketGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(l); close(done) }()
+	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
+
+	var st unix.Stat_t
+	if err := unix.Stat(socket, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o777 != 0o660 || st.Gid != socketGroup {
+		t.Errorf("socket mode %o gid %d, want 660 and %d", st.Mode&0o777, st.Gid, socketGroup)
+	}
+	ptr := func(v int) *int { return &v }
+	cases := []struct {
+		name        string
+		uid, gid    int
+		wantRefused bool
+	}{
+		{"a member of the socket group may connect", 3000, socketGroup, false},
+		{"anyone else is refused by the socket's mode", 3000, 3000, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := runPeer(t, socket, helperArgs{op: "list", uid: ptr(tc.uid), gid: ptr(tc.gid)})
+			refused := res.Code == "error" && strings.Contains(res.Err, "permission denied")
+			if refused != tc.wantRefused {
+				t.Errorf("uid %d gid %d: code %q err %q, want refused=%v", tc.uid, tc.gid, res.Code, res.Err, tc.wantRefused)
+			}
+		})
+	}
+}
