@@ -239,6 +239,9 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		if err != nil {
 			return nil, invalid("prevResult", "cannot convert to %s: %v", current.ImplementedSpecVersion, err)
 		}
+		if err := checkNoNulls(prev); err != nil {
+			return nil, err
+		}
 		c.PrevResult = prev
 	}
 
@@ -261,6 +264,27 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	return c, nil
 }
 
+// checkNoNulls rejects a prevResult with null entries, which decode to nil
+// pointers that the rest of the plugin would trip over.
+func checkNoNulls(r *current.Result) error {
+	for i, iface := range r.Interfaces {
+		if iface == nil {
+			return invalid("prevResult", "interfaces[%d] is null", i)
+		}
+	}
+	for i, ipc := range r.IPs {
+		if ipc == nil {
+			return invalid("prevResult", "ips[%d] is null", i)
+		}
+	}
+	for i, route := range r.Routes {
+		if route == nil {
+			return invalid("prevResult", "routes[%d] is null", i)
+		}
+	}
+	return nil
+}
+
 // resolveMAC applies the precedence config < args.cni < CNI_ARGS MAC= <
 // runtimeConfig.mac (the "mac" capability), most specific last. It returns
 // the config's own MAC too: chained wirings keep the per-pod ones off the
@@ -269,7 +293,7 @@ func resolveMAC(nc *NetConf, cniArgs string) (mac, confMAC net.HardwareAddr, err
 	var env envArgs
 	if cniArgs != "" {
 		if err := types.LoadArgs(cniArgs, &env); err != nil {
-			return nil, nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %v", err), "")
+			return nil, nil, invalidEnv("CNI_ARGS", "%v", err)
 		}
 	}
 	candidates := []struct{ field, value string }{
@@ -282,15 +306,20 @@ func resolveMAC(nc *NetConf, cniArgs string) (mac, confMAC net.HardwareAddr, err
 		if cand.value == "" {
 			continue
 		}
+		// A bad CNI_ARGS is the runtime's environment, not the config.
+		bad := invalid
+		if strings.HasPrefix(cand.field, "CNI_ARGS") {
+			bad = invalidEnv
+		}
 		hw, err := net.ParseMAC(cand.value)
 		if err != nil || len(hw) != 6 {
-			return nil, nil, invalid(cand.field, "%q is not an Ethernet MAC address", cand.value)
+			return nil, nil, bad(cand.field, "%q is not an Ethernet MAC address", cand.value)
 		}
 		if hw[0]&1 != 0 {
-			return nil, nil, invalid(cand.field, "%q is a multicast address", cand.value)
+			return nil, nil, bad(cand.field, "%q is a multicast address", cand.value)
 		}
 		if bytes.Equal(hw, make([]byte, 6)) {
-			return nil, nil, invalid(cand.field, "%q is the all-zero address", cand.value)
+			return nil, nil, bad(cand.field, "%q is the all-zero address", cand.value)
 		}
 		mac = hw
 		if i == 0 {
@@ -324,7 +353,7 @@ func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 	c.ifName = ifName
 	if ifName != "" {
 		if err := ValidateLinkName(ifName); err != nil {
-			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME: %v", err), "")
+			return invalidEnv("CNI_IFNAME", "%v", err)
 		}
 	}
 	switch c.Wiring {
@@ -514,6 +543,10 @@ func describeType(goType string) string {
 
 func invalid(field, format string, a ...any) error {
 	return types.NewError(types.ErrInvalidNetworkConfig, field+": "+fmt.Sprintf(format, a...), "")
+}
+
+func invalidEnv(variable, format string, a ...any) error {
+	return types.NewError(types.ErrInvalidEnvironmentVariables, variable+": "+fmt.Sprintf(format, a...), "")
 }
 
 func valueOr[T any](p *T, def T) T {

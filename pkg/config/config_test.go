@@ -456,7 +456,11 @@ func TestMACPrecedence(t *testing.T) {
 			a := att("net1")
 			a.CNIArgs = tt.cniArgs
 			_, err := config.Load([]byte(conf(tt.extra)), a)
-			wantCNIError(t, err, types.ErrInvalidNetworkConfig, tt.field)
+			code := uint(types.ErrInvalidNetworkConfig)
+			if strings.HasPrefix(tt.field, "CNI_ARGS") {
+				code = types.ErrInvalidEnvironmentVariables // the runtime's input, not the config
+			}
+			wantCNIError(t, err, code, tt.field)
 		})
 	}
 }

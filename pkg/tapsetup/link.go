@@ -66,8 +66,12 @@ func ValidateLinkName(name string) error {
 		return fmt.Errorf("%q is not a valid interface name", name)
 	case strings.ContainsAny(name, "/:% "):
 		return fmt.Errorf("%q contains '/', ':', '%%' or a space", name)
-	case strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		return fmt.Errorf("%q contains a control character", name)
+	}
+	// Bytes, not runes: the kernel's isspace() also takes 0xa0 for a space.
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x20 || c == 0x7f || c == 0xa0 {
+			return fmt.Errorf("%q contains a control or space byte 0x%02x", name, c)
+		}
 	}
 	return nil
 }

@@ -181,7 +181,7 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (
 	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
 	defer func() {
 		if err != nil {
-			_ = UnwireBridge(brName, peerName, oldPeerMAC)
+			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC})
 		}
 	}()
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
@@ -233,9 +233,15 @@ func restoreAddrs(link netlink.Link, addrs []netlink.Addr) {
 	}
 }
 
+// PeerIdentity is what WireBridge moves from the peer to the guest.
+type PeerIdentity struct {
+	MAC   net.HardwareAddr
+	Addrs []net.IPNet
+}
+
 // UnwireBridge deletes bridge brName if it is a bridge, and gives the peer
-// back its MAC when peerMAC is known. Everything already gone is fine.
-func UnwireBridge(brName, peerName string, peerMAC net.HardwareAddr) error {
+// back what is known of its identity. Everything already gone is fine.
+func UnwireBridge(brName, peerName string, identity PeerIdentity) error {
 	if link, err := netlinksafe.LinkByName(brName); err == nil {
 		if _, ok := link.(*netlink.Bridge); ok {
 			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
@@ -245,7 +251,7 @@ func UnwireBridge(brName, peerName string, peerMAC net.HardwareAddr) error {
 	} else if !isNotFound(err) {
 		return fmt.Errorf("bridge %q: %w", brName, err)
 	}
-	if peerMAC == nil {
+	if identity.MAC == nil && len(identity.Addrs) == 0 {
 		return nil
 	}
 	peer, err := netlinksafe.LinkByName(peerName)
@@ -255,9 +261,14 @@ func UnwireBridge(brName, peerName string, peerMAC net.HardwareAddr) error {
 		}
 		return fmt.Errorf("interface %q: %w", peerName, err)
 	}
-	if peer.Attrs().HardwareAddr.String() != peerMAC.String() {
-		if err := netlink.LinkSetHardwareAddr(peer, peerMAC); err != nil {
-			return fmt.Errorf("interface %q: restore mac %s: %w", peerName, peerMAC, err)
+	if identity.MAC != nil && peer.Attrs().HardwareAddr.String() != identity.MAC.String() {
+		if err := netlink.LinkSetHardwareAddr(peer, identity.MAC); err != nil {
+			return fmt.Errorf("interface %q: restore mac %s: %w", peerName, identity.MAC, err)
+		}
+	}
+	for _, addr := range identity.Addrs {
+		if err := netlink.AddrAdd(peer, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("interface %q: restore address %s: %w", peerName, addr.String(), err)
 		}
 	}
 	return nil

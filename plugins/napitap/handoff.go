@@ -128,7 +128,7 @@ func removeStaleTap(att *handoff.Attachment) error {
 			err = tapsetup.UnwireRedirect(att.IfName)
 		case config.WiringBridge:
 			guestMAC, _ := net.ParseMAC(att.MAC)
-			err = tapsetup.UnwireBridge(att.Bridge, att.IfName, guestMAC)
+			err = tapsetup.UnwireBridge(att.Bridge, att.IfName, tapsetup.PeerIdentity{MAC: guestMAC})
 		}
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -247,6 +248,24 @@ func cmdDel(args *skel.CmdArgs) error {
 	return nil
 }
 
+// podAddrs are the pod interface's addresses as prevResult knows them: on
+// the previous plugin's entry (ADD) or on napitap's guest entry (DEL).
+func podAddrs(conf *config.Config, ifName string) []net.IPNet {
+	if conf.PrevResult == nil {
+		return nil
+	}
+	var addrs []net.IPNet
+	for _, ipc := range conf.PrevResult.IPs {
+		if ipc.Interface == nil || *ipc.Interface < 0 || *ipc.Interface >= len(conf.PrevResult.Interfaces) {
+			continue
+		}
+		if conf.PrevResult.Interfaces[*ipc.Interface].Name == ifName {
+			addrs = append(addrs, ipc.Address)
+		}
+	}
+	return addrs
+}
+
 // tapsToDelete names the taps DEL removes. Before spec 0.4.0 DEL comes
 // without prevResult, so a defaulted wiring cannot be told from the config;
 // try the chained name as well. Only tuntap links are ever deleted.
@@ -263,7 +282,7 @@ func tapsToDelete(conf *config.Config, ifName string) []string {
 func unwire(conf *config.Config, ifName string, guestMAC net.HardwareAddr) error {
 	switch conf.Wiring {
 	case config.WiringBridge:
-		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, guestMAC)
+		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, tapsetup.PeerIdentity{MAC: guestMAC, Addrs: podAddrs(conf, ifName)})
 	case config.WiringTCRedirect:
 		return tapsetup.UnwireRedirect(conf.PeerIfName)
 	}
@@ -383,6 +402,10 @@ func tapSpec(conf *config.Config) tapsetup.Spec {
 }
 
 func openNetNS(path string) (ns.NetNS, error) {
+	// skel checks this only after ADD has done its work.
+	if own, err := cnins.CheckNetNS(path); err == nil && own {
+		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS: %s is the plugin's own netns", path), "")
+	}
 	netns, err := ns.GetNS(path)
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS: %v", err), "")
