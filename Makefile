@@ -11,7 +11,9 @@ TOOLS     := github.com/containernetworking/plugins/plugins/main/bridge \
              github.com/containernetworking/cni/cnitool
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build tools demo test unit fuzz-short bench clean
+IMAGE     ?= ghcr.io/napitap/napitap:$(VERSION)
+
+.PHONY: all deps build tools demo test unit deploy-test e2e e2e-kind image fuzz-short bench clean
 
 all: build
 
@@ -36,6 +38,24 @@ demo: deps build tools
 test: deps build tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) deploy-test
+
+# Every manifest under deploy/, rendered with kustomize and strictly decoded
+# (a nested module, so the Kubernetes libraries stay out of the plugin's).
+deploy-test:
+	cd deploy/test && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The end-to-end suites alone: a QEMU guest, containerd + crictl, Multus-style
+# delegation, faults and churn.
+e2e: deps build tools
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./test/e2e/...
+
+# kind, Multus and the DaemonSet; needs a Docker engine (not on this machine).
+e2e-kind:
+	./test/e2e/kind/run.sh
+
+image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 # Each fuzz target for a short bounded time (CI); FUZZTIME=10m for long runs.
 FUZZTIME ?= 20s
@@ -47,8 +67,12 @@ fuzz-short:
 unit:
 	$(GO) test -count=1 ./pkg/config/...
 
+# Control and data plane side by side with their baselines; writes
+# docs/bench/*.md and plots. Run it on an idle machine.
 bench: build tools
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugins/napitap/
+	$(GO) run ./cmd/napitap-bench cni --out docs/bench
+	$(GO) run ./cmd/napitap-bench datapath --out docs/bench
 
 clean:
 	rm -rf $(BIN)

@@ -111,7 +111,13 @@ func (e *Env) Ipam() string {
 
 func (e *Env) List(version string, plugins ...string) *libcni.NetworkConfigList {
 	e.t.Helper()
-	raw := fmt.Sprintf(`{"cniVersion":%q,"name":"napitap-test","plugins":[%s]}`, version, strings.Join(plugins, ","))
+	return e.ListNamed("napitap-test", version, plugins...)
+}
+
+// ListNamed is List for a network of another name.
+func (e *Env) ListNamed(name, version string, plugins ...string) *libcni.NetworkConfigList {
+	e.t.Helper()
+	raw := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[%s]}`, version, name, strings.Join(plugins, ","))
 	list, err := libcni.ConfListFromBytes([]byte(raw))
 	if err != nil {
 		e.t.Fatalf("conflist %s: %v", raw, err)

@@ -219,6 +219,7 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		c.HandoffRequired = h.Required
 	}
 	if k := nc.KataDan; k != nil && k.Enabled {
+
 		c.KataDanDir, c.KataDanQueueSize = k.Dir, k.QueueSize
 		if k.Dir == "" {
 			c.KataDanDir = katadan.DefaultDir
@@ -228,6 +229,11 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		}
 		if k.QueueSize != 0 && (k.QueueSize < 2 || k.QueueSize > 32768 || k.QueueSize&(k.QueueSize-1) != 0) {
 			return nil, invalid("kataDan.queueSize", "%d is not a power of two in 2-32768", k.QueueSize)
+		}
+		// runtime-rs opens the tap by name: queues napitapd held as well
+		// would take traffic nobody reads (DESIGN.md fact 7).
+		if c.HandoffSocket != "" {
+			return nil, invalid("kataDan", `needs "handoff": {"disabled": true}: Kata opens the tap itself`)
 		}
 	}
 

@@ -204,6 +204,7 @@ var badInputs = []badInput{
 	{name: "a handoff.socket that is a regular file is rejected after a standalone tap is made", standalone: true, fields: `"queues":4,"handoff":{"socket":"$FILE","required":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},
 	{name: "a handoff.socket that is a regular file is rejected after the bridge is built", fields: `"wiring":"bridge","handoff":{"socket":"$FILE","required":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},
 	{name: "a relative kataDan.dir is rejected", fields: `"kataDan":{"enabled":true,"dir":"kata/dans"}`, code: types.ErrInvalidNetworkConfig, want: "kataDan.dir:"},
+	{name: "kataDan with a hand-off is rejected: Kata opens the tap itself", fields: `"kataDan":{"enabled":true,"dir":"$DANDIR"}`, code: types.ErrInvalidNetworkConfig, want: "kataDan:"},
 	{name: "kataDan.queueSize 3 is no power of two", fields: `"kataDan":{"enabled":true,"dir":"$DANDIR","queueSize":3}`, code: types.ErrInvalidNetworkConfig, want: "kataDan.queueSize:"},
 	{name: "kataDan.queueSize 1 is below 2", fields: `"kataDan":{"enabled":true,"dir":"$DANDIR","queueSize":1}`, code: types.ErrInvalidNetworkConfig, want: "kataDan.queueSize:"},
 	{name: "kataDan.queueSize 65536 is above 32768", fields: `"kataDan":{"enabled":true,"dir":"$DANDIR","queueSize":65536}`, code: types.ErrInvalidNetworkConfig, want: "kataDan.queueSize:"},
@@ -352,7 +353,7 @@ func (f *badInputFixture) conf(tc badInput) string {
 		return f.expand(*tc.raw)
 	}
 	base := `"cniVersion":"1.0.0","name":"napitap-test","type":"napitap","queues":2,` +
-		`"handoff":{"socket":"$SOCKET","required":true},"kataDan":{"enabled":true,"dir":"$DANDIR"}`
+		`"handoff":{"socket":"$SOCKET","required":true}`
 	if !tc.standalone {
 		base += `,"prevResult":{"cniVersion":"1.0.0",` +
 			`"interfaces":[{"name":"eth0","mac":"$PEERMAC","sandbox":"$POD"}],` +

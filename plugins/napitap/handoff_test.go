@@ -12,6 +12,7 @@ import (
 
 	"github.com/napitap/napitap/internal/cnitest"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/napitap/napitap/pkg/handoff"
@@ -158,13 +159,22 @@ func TestGCAfterARuntimeCrash(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	d := startNapitapd(t, "")
 	danDir := t.TempDir()
-	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,%s,"kataDan":{"enabled":true,"dir":%q}}`, handoffConf(d.socket, true), danDir))
+	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,%s}`, handoffConf(d.socket, true)))
 	rt := e.RT("eth0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
+	// A Kata pod on another network of the node (Kata opens its tap itself:
+	// no hand-off).
+	kataList := e.ListNamed("napitap-kata", "1.1.0", fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"disabled":true},"kataDan":{"enabled":true,"dir":%q}}`, danDir))
+	kataRT := e.RT("tap7")
+	kataRT.ContainerID += "-kata"
+	e.MustAdd(kataList, kataRT)
+	t.Cleanup(func() { _ = e.Del(kataList, kataRT) })
 
-	if err := e.GC(list, nil); err != nil {
-		t.Fatalf("GC: %v", err)
+	for _, l := range []*libcni.NetworkConfigList{list, kataList} {
+		if err := e.GC(l, nil); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
 	}
 	if atts, _ := d.client().List(); len(atts) != 0 || d.srv.HeldFDs() != 0 {
 		t.Errorf("napitapd after GC: %+v (%d fds)", atts, d.srv.HeldFDs())

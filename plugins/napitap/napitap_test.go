@@ -527,7 +527,7 @@ func TestBadEnvironmentIsCode4(t *testing.T) {
 func TestKataDanFileFollowsTheAttachment(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	danDir := t.TempDir()
-	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":4,"kataDan":{"enabled":true,"dir":%q}}`, danDir))
+	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":4,"handoff":{"disabled":true},"kataDan":{"enabled":true,"dir":%q}}`, danDir))
 	rt := e.RT("eth0")
 	res := e.MustAdd(list, rt)
 	guest, ip := cnitest.GuestOf(t, res, e.ContainerID)

@@ -1,0 +1,440 @@
+package deploytest
+
+import (
+	"bytes"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/napitap/napitap/pkg/handoff"
+)
+
+// napitapdCaps are the capabilities napitapd gets, each justified in
+// deploy/base/daemonset.yaml. Adding one means justifying it there and here.
+var napitapdCaps = []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+
+// hostPaths are the host directories and devices the pod may mount, with
+// their types.
+var hostPaths = map[string]corev1.HostPathType{
+	"/opt/cni/bin":   corev1.HostPathDirectory,
+	"/run/napitap":   corev1.HostPathDirectoryOrCreate,
+	"/run/netns":     corev1.HostPathDirectoryOrCreate,
+	"/var/run/netns": corev1.HostPathDirectoryOrCreate,
+	"/dev/net/tun":   corev1.HostPathCharDev,
+}
+
+func daemonSet(t *testing.T, dir string) (*appsv1.DaemonSet, []object) {
+	t.Helper()
+	objs := render(t, filepath.Join(repoRoot, dir))
+	return find[*appsv1.DaemonSet](t, objs, "DaemonSet", "napitap"), objs
+}
+
+func container(t *testing.T, cs []corev1.Container, name string) *corev1.Container {
+	t.Helper()
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return nil
+}
+
+func TestDaemonSetPod(t *testing.T) {
+	ds, objs := daemonSet(t, "deploy")
+	spec := ds.Spec.Template.Spec
+
+	if ds.Namespace != "napitap-system" {
+		t.Errorf("namespace %q", ds.Namespace)
+	}
+	ns := find[*corev1.Namespace](t, objs, "Namespace", "napitap-system")
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace labels %v: the pod needs the privileged Pod Security level", ns.Labels)
+	}
+	sa := find[*corev1.ServiceAccount](t, objs, "ServiceAccount", spec.ServiceAccountName)
+	if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken ||
+		spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("napitapd needs no API token: automountServiceAccountToken must be false")
+	}
+	if !spec.HostNetwork || !spec.HostPID || spec.HostIPC {
+		t.Errorf("hostNetwork %v hostPID %v hostIPC %v, want true true false", spec.HostNetwork, spec.HostPID, spec.HostIPC)
+	}
+	if spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q", spec.PriorityClassName)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
+	}) {
+		t.Errorf("tolerations %v do not tolerate every taint", spec.Tolerations)
+	}
+	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
+		s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.String() != "1" {
+		t.Errorf("update strategy %+v, want RollingUpdate with maxUnavailable 1", s)
+	}
+	if sc := spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("the pod must run with the runtime's default seccomp profile")
+	}
+
+	// Only the host paths napitap needs, with their types.
+	volumes := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath == nil {
+			t.Errorf("volume %s is not a hostPath: what is it for?", v.Name)
+			continue
+		}
+		want, ok := hostPaths[v.HostPath.Path]
+		if !ok {
+			t.Errorf("volume %s mounts host path %s, which napitap does not need", v.Name, v.HostPath.Path)
+		} else if v.HostPath.Type == nil || *v.HostPath.Type != want {
+			t.Errorf("volume %s (%s): type %v, want %s", v.Name, v.HostPath.Path, v.HostPath.Type, want)
+		}
+		volumes[v.Name] = v.HostPath.Path
+	}
+	for p := range hostPaths {
+		if !slices.Contains(slices.Collect(maps.Values(volumes)), p) {
+			t.Errorf("no volume for %s", p)
+		}
+	}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		for _, m := range c.VolumeMounts {
+			prop := corev1.MountPropagationNone
+			if m.MountPropagation != nil {
+				prop = *m.MountPropagation
+			}
+			wantProp := corev1.MountPropagationNone
+			if strings.HasSuffix(volumes[m.Name], "/netns") {
+				// Pod netns bind mounts appear after napitapd starts.
+				wantProp = corev1.MountPropagationHostToContainer
+			}
+			if prop != wantProp {
+				t.Errorf("container %s mounts %s with propagation %s, want %s", c.Name, m.Name, prop, wantProp)
+			}
+		}
+	}
+}
+
+func TestContainerSecurity(t *testing.T) {
+	ds, _ := daemonSet(t, "deploy")
+	spec := ds.Spec.Template.Spec
+	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
+		t.Fatalf("%d init containers and %d containers, want 1 and 1", len(spec.InitContainers), len(spec.Containers))
+	}
+	header, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "base", "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		sc := c.SecurityContext
+		if sc == nil {
+			t.Errorf("%s: no securityContext", c.Name)
+			continue
+		}
+		if sc.Privileged == nil || *sc.Privileged {
+			t.Errorf("%s: privileged must be set, to false", c.Name)
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: root filesystem not read-only", c.Name)
+		}
+		if sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+			t.Errorf("%s: runAsUser %v, want 0", c.Name, sc.RunAsUser)
+		}
+		if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("%s: capabilities must drop ALL", c.Name)
+		}
+		if sc.SeccompProfile != nil && sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("%s: seccomp profile %s overrides the pod's RuntimeDefault", c.Name, sc.SeccompProfile.Type)
+		}
+		if sc.AllowPrivilegeEscalation == nil {
+			t.Errorf("%s: allowPrivilegeEscalation must be stated", c.Name)
+		}
+		if c.Resources.Limits.Memory().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Requests.Cpu().IsZero() {
+			t.Errorf("%s: resources %v: memory request and limit and a CPU request expected", c.Name, c.Resources)
+		}
+		if c.ImagePullPolicy != corev1.PullIfNotPresent {
+			t.Errorf("%s: imagePullPolicy %q", c.Name, c.ImagePullPolicy)
+		}
+	}
+
+	install := container(t, spec.InitContainers, "install-cni")
+	if sc := install.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
+		t.Errorf("install-cni: adds %v, allowPrivilegeEscalation %v: copying a file into a root-owned dir needs neither", sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
+	}
+
+	napitapd := container(t, spec.Containers, "napitapd")
+	add := slices.Clone(napitapd.SecurityContext.Capabilities.Add)
+	slices.Sort(add)
+	if !slices.Equal(add, napitapdCaps) {
+		t.Errorf("napitapd adds %v, want exactly %v", add, napitapdCaps)
+	}
+	for _, c := range napitapdCaps {
+		// Each one has its reason in the file's header comment.
+		if !regexp.MustCompile(`(?m)^#\s+` + string(c) + `\s+\S`).Match(header) {
+			t.Errorf("%s is not justified in the header of deploy/base/daemonset.yaml", c)
+		}
+	}
+	if m := napitapd.Resources.Limits.Memory(); m.Value() > 64<<20 {
+		t.Errorf("napitapd memory limit %s, the target is well under 64Mi", m)
+	}
+}
+
+func flagValue(args []string, name string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// napitapd serves where the plugin hands off by default, from a mounted
+// host directory, and its probes ask the same socket.
+func TestNapitapdPaths(t *testing.T) {
+	ds, _ := daemonSet(t, "deploy")
+	spec := ds.Spec.Template.Spec
+	c := container(t, spec.Containers, "napitapd")
+	if !slices.Equal(c.Command, []string{"/usr/local/bin/napitapd"}) {
+		t.Errorf("command %v", c.Command)
+	}
+	socket, _ := flagValue(c.Args, "socket")
+	state, _ := flagValue(c.Args, "state-dir")
+	if socket != handoff.DefaultSocket || state != handoff.DefaultStateDir {
+		t.Errorf("--socket %q --state-dir %q, want the plugin's defaults %q and %q", socket, state, handoff.DefaultSocket, handoff.DefaultStateDir)
+	}
+	if mode, _ := flagValue(c.Args, "socket-mode"); mode != "0660" {
+		t.Errorf("--socket-mode %q", mode)
+	}
+	mounted := func(p string) bool {
+		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return p == m.MountPath || strings.HasPrefix(p, m.MountPath+"/")
+		})
+	}
+	for _, p := range []string{socket, state, "/run/netns", "/var/run/netns", "/dev/net/tun"} {
+		if !mounted(p) {
+			t.Errorf("napitapd uses %s, which no volume mounts", p)
+		}
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, "--socket="+socket) {
+			t.Errorf("probe %+v does not ask napitapd's socket", p)
+		}
+	}
+}
+
+// The paths the manifests expect are the ones deploy/Dockerfile makes.
+func TestImageLayout(t *testing.T) {
+	ds, _ := daemonSet(t, "deploy")
+	spec := ds.Spec.Template.Spec
+	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := container(t, spec.InitContainers, "install-cni")
+	napitapd := container(t, spec.Containers, "napitapd")
+	for _, p := range []string{envValue(install, "NAPITAP_BINARY"), napitapd.Command[0], napitapd.LivenessProbe.Exec.Command[0]} {
+		if !copiedTo(string(dockerfile), p) {
+			t.Errorf("%s: deploy/Dockerfile puts no binary there", p)
+		}
+	}
+	for _, pkg := range []string{"./plugins/napitap", "./cmd/napitapd", "./cmd/napitapctl"} {
+		if !bytes.Contains(dockerfile, []byte(pkg)) {
+			t.Errorf("deploy/Dockerfile does not build %s", pkg)
+		}
+	}
+	if !bytes.Contains(dockerfile, []byte("CGO_ENABLED=0")) || !bytes.Contains(dockerfile, []byte("-trimpath")) {
+		t.Error("deploy/Dockerfile: static (CGO_ENABLED=0), -trimpath builds expected")
+	}
+}
+
+// copiedTo: a "COPY --from=build /out/FILE ... DEST" line puts FILE at p.
+func copiedTo(dockerfile, p string) bool {
+	dir, file := path.Split(p)
+	for _, l := range strings.Split(dockerfile, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=build" {
+			continue
+		}
+		dst := f[len(f)-1]
+		if slices.Contains(f[2:len(f)-1], "/out/"+file) && (dst == p || dst == dir) {
+			return true
+		}
+	}
+	return false
+}
+
+func envValue(c *corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// installScript is the init container's script, with the environment it
+// runs in.
+func installScript(t *testing.T) (script string, env map[string]string, mount string) {
+	t.Helper()
+	ds, _ := daemonSet(t, "deploy")
+	c := container(t, ds.Spec.Template.Spec.InitContainers, "install-cni")
+	if len(c.Command) != 3 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" || len(c.Args) != 0 {
+		t.Fatalf("install-cni runs %q %q, want /bin/sh -c SCRIPT", c.Command, c.Args)
+	}
+	env = map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == "cni-bin" {
+			mount = m.MountPath
+		}
+	}
+	return c.Command[2], env, mount
+}
+
+func TestInstallScriptShape(t *testing.T) {
+	script, env, mount := installScript(t)
+	if env["CNI_BIN_DIR"] == "" || env["CNI_BIN_DIR"] != mount {
+		t.Errorf("CNI_BIN_DIR %q, the cni-bin volume is mounted at %q", env["CNI_BIN_DIR"], mount)
+	}
+	// A temporary name in the same directory, then a rename onto the
+	// final name: never cp straight onto the plugin.
+	for _, want := range []string{`mktemp "$CNI_BIN_DIR/.napitap.`, `cp "$NAPITAP_BINARY" "$tmp"`, `mv -f "$tmp" "$CNI_BIN_DIR/napitap"`, "set -eu"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("install script lacks %q:\n%s", want, script)
+		}
+	}
+	if regexp.MustCompile(`cp [^\n]*"\$CNI_BIN_DIR/napitap"`).MatchString(script) {
+		t.Errorf("install script copies onto the plugin itself:\n%s", script)
+	}
+	// Kubernetes expands $(VAR) and turns $$ into $ in commands.
+	if strings.Contains(script, "$$") || strings.Contains(script, "$(") {
+		t.Errorf("install script uses $$ or $(...), which Kubernetes rewrites:\n%s", script)
+	}
+}
+
+// Run the init container's script for real, onto a plugin that is
+// running: with the host's sh and, where there is one, with busybox alone,
+// as in the image.
+func TestInstallScriptIsAtomic(t *testing.T) {
+	script, _, _ := installScript(t)
+	t.Run("sh", func(t *testing.T) {
+		testInstall(t, script, []string{"/bin/sh", "-c"}, os.Getenv("PATH"))
+	})
+	t.Run("busybox", func(t *testing.T) {
+		bb, err := exec.LookPath("busybox")
+		if err != nil {
+			t.Skip("no busybox here")
+		}
+		// Only busybox's applets on PATH, as in the image.
+		applets := t.TempDir()
+		for _, a := range []string{"sh", "mktemp", "cp", "chmod", "mv", "rm", "echo"} {
+			if err := os.Symlink(bb, filepath.Join(applets, a)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testInstall(t, script, []string{filepath.Join(applets, "sh"), "-c"}, applets)
+	})
+}
+
+func testInstall(t *testing.T, script string, shell []string, pathEnv string) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary to stand in for a running plugin")
+	}
+	tmp := t.TempDir()
+	binDir := filepath.Join(tmp, "cni-bin")
+	src := filepath.Join(tmp, "image", "napitap")
+	for _, d := range []string{binDir, filepath.Dir(src)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newPlugin := []byte("#!/bin/sh\necho new napitap\n")
+	if err := os.WriteFile(src, newPlugin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(binDir, "napitap")
+	if err := os.WriteFile(target, old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The old plugin is running while the new one is installed.
+	running := exec.Command(target, "30")
+	if err := running.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Process.Kill(); _ = running.Wait() })
+	time.Sleep(50 * time.Millisecond)
+
+	// What the rename avoids: on kernels that refuse to write a running
+	// executable, a plain cp onto it fails.
+	if out, err := exec.Command("cp", src, target).CombinedOutput(); err != nil {
+		t.Logf("cp onto the running plugin: %v: %s", err, bytes.TrimSpace(out))
+	} else {
+		t.Log("this kernel lets cp write into a running executable; the rename is still what keeps an exec from seeing half a file")
+		if err := os.WriteFile(target, old, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	run := func(env ...string) ([]byte, error) {
+		cmd := exec.Command(shell[0], append(shell[1:], script)...)
+		cmd.Env = append([]string{"PATH=" + pathEnv}, env...)
+		return cmd.CombinedOutput()
+	}
+	out, err := run("CNI_BIN_DIR="+binDir, "NAPITAP_BINARY="+src)
+	if err != nil {
+		t.Fatalf("install: %v\n%s", err, out)
+	}
+	t.Logf("install: %s", bytes.TrimSpace(out))
+	got, _ := os.ReadFile(target)
+	if !bytes.Equal(got, newPlugin) {
+		t.Errorf("after install, napitap holds %q", got)
+	}
+	if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("installed plugin: %v, mode %v, want 0755", err, st.Mode())
+	}
+	assertOnly(t, binDir, "napitap")
+	if out, err := exec.Command(target).Output(); err != nil || string(out) != "new napitap\n" {
+		t.Errorf("the installed plugin runs: %q, %v", out, err)
+	}
+
+	// A failed copy leaves the installed plugin and no temporary file.
+	out, err = run("CNI_BIN_DIR="+binDir, "NAPITAP_BINARY="+filepath.Join(tmp, "missing"))
+	if err == nil {
+		t.Errorf("install from a missing binary succeeded:\n%s", out)
+	}
+	got, _ = os.ReadFile(target)
+	if !bytes.Equal(got, newPlugin) {
+		t.Errorf("a failed install changed the plugin")
+	}
+	assertOnly(t, binDir, "napitap")
+}
+
+func assertOnly(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var have []string
+	for _, e := range ents {
+		have = append(have, e.Name())
+	}
+	if !slices.Equal(have, names) {
+		t.Errorf("%s holds %v, want %v", dir, have, names)
+	}
+}

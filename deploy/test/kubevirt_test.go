@@ -1,0 +1,91 @@
+package deploytest
+
+import (
+	"testing"
+)
+
+// The KubeVirt example fits together: the VMI's binding is registered with
+// domainAttachmentType tap, its network is a napitap network whose tap
+// KubeVirt finds by name and libvirt can open as uid/gid 107, and the tap's
+// multiqueue mode is what the VMI asks for.
+func TestKubeVirtExample(t *testing.T) {
+	objs := manifestFiles(t)
+	confs, _ := napitapConfs(t, objs)
+	kv := find[*KubeVirt](t, objs, "KubeVirt", "kubevirt")
+	vmi := find[*VirtualMachineInstance](t, objs, "VirtualMachineInstance", "napitap-vmi")
+
+	networks := map[string]string{}
+	for _, n := range vmi.Spec.Networks {
+		if n.Multus != nil {
+			networks[n.Name] = n.Multus.NetworkName
+		}
+	}
+	vcpus := uint32(1)
+	if c := vmi.Spec.Domain.CPU; c != nil {
+		vcpus = max(c.Cores, 1) * max(c.Sockets, 1) * max(c.Threads, 1)
+	}
+	multiqueue := vmi.Spec.Domain.Devices.NetworkInterfaceMultiQueue != nil && *vmi.Spec.Domain.Devices.NetworkInterfaceMultiQueue
+	bound := 0
+	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
+		if iface.Binding == nil {
+			continue
+		}
+		bound++
+		plugin, ok := kv.Spec.Configuration.Network.Binding[iface.Binding.Name]
+		if !ok {
+			t.Errorf("interface %s: binding %q is not registered in the KubeVirt CR", iface.Name, iface.Binding.Name)
+		} else if plugin.DomainAttachmentType != "tap" {
+			t.Errorf("binding %q: domainAttachmentType %q, want tap", iface.Binding.Name, plugin.DomainAttachmentType)
+		}
+		nad, ok := networks[iface.Name]
+		if !ok {
+			t.Errorf("interface %s has no multus network", iface.Name)
+			continue
+		}
+		if len(confs[nad]) != 1 {
+			t.Errorf("network %s: %d napitap configs", nad, len(confs[nad]))
+			continue
+		}
+		conf := checkNapitapConf(t, confs[nad][0])
+		if conf == nil {
+			continue
+		}
+		c := confs[nad][0]
+		if _, named := c.keys["tapName"]; named {
+			t.Errorf("%s names its tap: KubeVirt's name depends on the pod interface, which napitap's default follows", nad)
+		}
+		if conf.Owner == nil || *conf.Owner != 107 || conf.Group == nil || *conf.Group != 107 {
+			t.Errorf("%s: owner %v group %v, want 107 for virt-launcher's non-root libvirt", nad, conf.Owner, conf.Group)
+		}
+		if conf.Wiring != "tc-redirect" {
+			t.Errorf("%s: wiring %s: KubeVirt copies the pod interface's MAC, which only tc-redirect keeps", nad, conf.Wiring)
+		}
+		if conf.HandoffSocket != "" {
+			t.Errorf("%s: libvirt opens the tap by name, so napitapd must hold no queues (handoff disabled)", nad)
+		}
+		if wantMQ := multiqueue && vcpus > 1; (conf.Queues > 1) != wantMQ {
+			t.Errorf("%s: %d queues, but the VMI has multiqueue %v with %d vCPUs", nad, conf.Queues, multiqueue, vcpus)
+		}
+		if multiqueue && uint32(conf.Queues) != vcpus {
+			t.Errorf("%s: %d queues for %d vCPUs", nad, conf.Queues, vcpus)
+		}
+	}
+	if bound == 0 {
+		t.Error("the VMI has no interface with a binding plugin")
+	}
+}
+
+func TestKataExample(t *testing.T) {
+	confs, _ := napitapConfs(t, manifestFiles(t))
+	if len(confs["napitap-kata"]) != 1 {
+		t.Fatal("no napitap-kata network")
+	}
+	c := confs["napitap-kata"][0]
+	conf := checkNapitapConf(t, c)
+	if conf == nil {
+		return
+	}
+	if conf.KataDanDir == "" || conf.HandoffSocket != "" {
+		t.Errorf("napitap-kata: DAN dir %q, hand-off socket %q: want kataDan on and the hand-off off", conf.KataDanDir, conf.HandoffSocket)
+	}
+}

@@ -1,0 +1,363 @@
+package datapath
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/xml"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/inet"
+	"github.com/napitap/napitap/internal/nstest"
+)
+
+var tapMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x2a}
+
+func TestParseMode(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Mode
+		bad  bool
+	}{
+		{in: "plain", want: Mode{Name: "plain"}},
+		{in: "napi", want: Mode{Name: "napi", NAPI: true}},
+		{in: "threaded", want: Mode{Name: "threaded", NAPI: true, Threaded: true}},
+		{in: "gro50", want: Mode{Name: "gro50", NAPI: true, GROFlushTimeout: 50000}},
+		{in: "frags", want: Mode{Name: "frags", NAPI: true, Frags: true}},
+		{in: "threaded+gro20+defer2", want: Mode{Name: "threaded+gro20+defer2", NAPI: true, Threaded: true, GROFlushTimeout: 20000, DeferHardIRQs: 2}},
+		{in: "gro", bad: true},
+		{in: "gro0", bad: true},
+		{in: "plain+napi", bad: true},
+		{in: "turbo", bad: true},
+	}
+	for _, c := range cases {
+		got, err := parseMode(c.in)
+		if c.bad {
+			if err == nil {
+				t.Errorf("parseMode(%q) = %+v, want an error", c.in, got)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("parseMode(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+	// Threaded NAPI is only ever switched on (DESIGN.md fact 9).
+	if k := (Mode{Name: "napi", NAPI: true}).knobs(); k.Threaded || k.GROFlushTimeout != nil || k.DeferHardIRQs != nil {
+		t.Errorf("napi mode knobs %+v, want none", k)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Size
+		bad  bool
+	}{
+		{in: "udp64", want: Size{Name: "udp64", Proto: protoUDP, Payload: 64}},
+		{in: "tcp1448", want: Size{Name: "tcp1448", Proto: protoTCP, Payload: 1448}},
+		{in: "gso64k", want: Size{Name: "gso64k", Proto: protoTCP, Payload: 45 * 1448, GSO: true}},
+		{in: "udp1473", bad: true},
+		{in: "tcp1449", bad: true},
+		{in: "gso2000", bad: true},
+		{in: "sctp9", bad: true},
+	}
+	for _, c := range cases {
+		got, err := parseSize(c.in)
+		if c.bad {
+			if err == nil {
+				t.Errorf("parseSize(%q) = %+v, want an error", c.in, got)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("parseSize(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+func l4Check(frame []byte) uint16 {
+	ip := frame[l3Off : l3Off+ipHdrLen]
+	l4 := frame[l4Off:]
+	return inet.Checksum(l4, inet.PseudoHeaderSum(ip[12:16], ip[16:20], ip[9], len(l4)))
+}
+
+func TestUDPFrame(t *testing.T) {
+	for _, n := range []int{1, 64, 512, 1472} {
+		f := buildUDPFrame(tapMAC, 1000, 9000, n, false)
+		if len(f) != vnetHdrLen+ethHdrLen+ipHdrLen+udpHdrLen+n {
+			t.Fatalf("payload %d: frame of %d bytes", n, len(f))
+		}
+		if h := parseVnetHdr(f); h != (vnetHdr{}) {
+			t.Errorf("payload %d: vnet header %+v, want all zero", n, h)
+		}
+		if !bytes.Equal(f[vnetHdrLen:vnetHdrLen+6], tapMAC) || !bytes.Equal(f[vnetHdrLen+6:vnetHdrLen+12], writerMAC) {
+			t.Errorf("payload %d: MACs % x", n, f[vnetHdrLen:vnetHdrLen+12])
+		}
+		if c := inet.Checksum(f[l3Off:l4Off], 0); c != 0 {
+			t.Errorf("payload %d: IPv4 header does not check: %#04x", n, c)
+		}
+		if c := l4Check(f); c != 0 {
+			t.Errorf("payload %d: UDP checksum does not check: %#04x", n, c)
+		}
+
+		p := buildUDPFrame(tapMAC, 1000, 9000, n, true)
+		h := parseVnetHdr(p)
+		if h.flags != vnetFlagNeedsCsum || h.csumStart != ethHdrLen+ipHdrLen || h.csumOffset != 6 {
+			t.Errorf("payload %d, partial: vnet header %+v", n, h)
+		}
+		// What the host does with NEEDS_CSUM: sum from csum_start, store
+		// at csum_start+csum_offset. The result must check.
+		l4 := p[l4Off:]
+		c := inet.Checksum(l4, 0)
+		binary.BigEndian.PutUint16(l4[6:], c)
+		if r := l4Check(p); r != 0 {
+			t.Errorf("payload %d, partial: completed UDP checksum does not check: %#04x", n, r)
+		}
+	}
+}
+
+func TestTCPSegments(t *testing.T) {
+	for _, ts := range []bool{true, false} {
+		s := newTCPSegmenter(tapMAC, 40000, 5201, tcpMSS, ts, false, false)
+		for i, seq := range []uint32{1, 0xfffffff0, 12345678} {
+			f := s.segment(seq, 77, 1000+uint32(i), 555, tcpMSS)
+			if c := inet.Checksum(f[l3Off:l4Off], 0); c != 0 {
+				t.Errorf("ts=%v seg %d: IPv4 header does not check", ts, i)
+			}
+			if c := l4Check(f); c != 0 {
+				t.Errorf("ts=%v seg %d: TCP checksum does not check: %#04x", ts, i, c)
+			}
+			info, ok := parseTCP(f)
+			if !ok || info.seq != seq || info.ack != 77 || info.flags != tcpACK || info.payloadLen != tcpMSS || info.hasTS != ts {
+				t.Errorf("ts=%v seg %d: parsed %+v, ok %v", ts, i, info, ok)
+			}
+			if ts && (info.tsval != 1000+uint32(i) || info.tsecr != 555) {
+				t.Errorf("ts=%v seg %d: timestamps %d/%d", ts, i, info.tsval, info.tsecr)
+			}
+		}
+	}
+
+	payload := 45 * tcpMSS
+	g := newTCPSegmenter(tapMAC, 40000, 5201, payload, true, true, false)
+	for _, n := range []int{payload, 3 * tcpMSS} {
+		f := g.segment(9, 10, 11, 12, n)
+		h := parseVnetHdr(f)
+		want := vnetHdr{flags: vnetFlagNeedsCsum, gsoType: vnetGSOTCPv4, hdrLen: 66, gsoSize: tcpMSS, csumStart: 34, csumOffset: 16}
+		if h != want {
+			t.Errorf("GSO frame of %d: vnet header %+v, want %+v", n, h, want)
+		}
+		if got := int(binary.BigEndian.Uint16(f[l3Off+2:])); got != ipHdrLen+tcpTSLen+n || len(f) != l4Off+tcpTSLen+n {
+			t.Errorf("GSO frame of %d: IPv4 total length %d, frame %d", n, got, len(f))
+		}
+		l4 := f[l4Off:]
+		binary.BigEndian.PutUint16(l4[16:], inet.Checksum(l4, 0))
+		if r := l4Check(f); r != 0 {
+			t.Errorf("GSO frame of %d: completed checksum does not check", n)
+		}
+	}
+}
+
+func TestParseSynAck(t *testing.T) {
+	opts := []byte{2, 4, 0x05, 0xb4, 1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 8, 1, 3, 3, 10}
+	f := tcpControl(tapMAC, 5201, 40000, 100, 201, tcpSYN|tcpACK, opts)
+	info, ok := parseTCP(f)
+	if !ok || info.flags != tcpSYN|tcpACK || info.seq != 100 || info.ack != 201 || info.wscale != 10 || !info.hasTS || info.tsval != 9 || info.tsecr != 8 {
+		t.Errorf("parsed %+v, ok %v", info, ok)
+	}
+	if c := l4Check(f); c != 0 {
+		t.Errorf("SYN-ACK checksum does not check")
+	}
+	if _, ok := parseTCP(buildUDPFrame(tapMAC, 1, 2, 64, false)); ok {
+		t.Errorf("a UDP frame parsed as TCP")
+	}
+	if _, ok := parseTCP(f[:l4Off+10]); ok {
+		t.Errorf("a truncated frame parsed")
+	}
+}
+
+func TestProcParsers(t *testing.T) {
+	dev := []byte("Inter-|   Receive                            |  Transmit\n" +
+		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n" +
+		"    lo:       0       0    0    0    0     0          0         0        0       0\n" +
+		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7\n")
+	if v, ok := devRxPackets(dev, "napidp0a1b2c"); !ok || v != 8910 {
+		t.Errorf("devRxPackets = %d, %v; want 8910", v, ok)
+	}
+	if _, ok := devRxPackets(dev, "napidp"); ok {
+		t.Errorf("devRxPackets matched a prefix")
+	}
+	m := map[string]uint64{}
+	parseNetstat([]byte("Ip: Forwarding InReceives\nIp: 1 42\nUdp: InDatagrams RcvbufErrors\nUdp: 7 3\n"), m)
+	if m["Ip.InReceives"] != 42 || m["Udp.RcvbufErrors"] != 3 || m["Udp.InDatagrams"] != 7 {
+		t.Errorf("parseNetstat = %v", m)
+	}
+	stat := []byte("1234 (napi/napidp0a (x)) S 2 0 0 0 -1 2129984 0 0 0 0 17 42 0 0 20 0 1 0 5 0 0\n")
+	f := filepath.Join(t.TempDir(), "stat")
+	if err := os.WriteFile(f, stat, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, s, err := taskTimes(f); err != nil || u != 17 || s != 42 {
+		t.Errorf("taskTimes = %d, %d, %v; want 17, 42", u, s, err)
+	}
+}
+
+func TestSpread(t *testing.T) {
+	if s := spreadOf([]float64{3, 1, 2}); s != (Spread{Median: 2, Min: 1, Max: 3, N: 3}) {
+		t.Errorf("odd: %+v", s)
+	}
+	if s := spreadOf([]float64{4, 1, 2, 3}); s.Median != 2.5 {
+		t.Errorf("even: %+v", s)
+	}
+}
+
+func testResults() (*Results, options) {
+	opts := options{Runs: 2, Queues: []int{1}}
+	for _, m := range []string{"plain", "napi", "threaded", "gro50"} {
+		mode, _ := parseMode(m)
+		opts.Modes = append(opts.Modes, mode)
+	}
+	for _, s := range []string{"udp64", "tcp1448"} {
+		size, _ := parseSize(s)
+		opts.Sizes = append(opts.Sizes, size)
+	}
+	res := &Results{Command: "napitap-bench datapath", Machine: MachineInfo{CPUs: 2, LoadAvg: "0.1 0.1 0.1"}}
+	rate := map[string][2]float64{"plain": {100, 100}, "napi": {80, 80}, "threaded": {90, 280}, "gro50": {97, 210}}
+	for run := 1; run <= 2; run++ {
+		for m, r := range rate {
+			res.Samples = append(res.Samples,
+				Sample{Run: run, Mode: m, Size: "udp64", Queues: 1, PPS: r[0] * float64(run) * 1000, FramesPerSKB: 1},
+				Sample{Run: run, Mode: m, Size: "tcp1448", Queues: 1, PPS: r[1] * float64(run) * 1000, Gbps: r[1] / 40, FramesPerSKB: 1 + r[1]/100})
+		}
+	}
+	return res, opts
+}
+
+func TestReport(t *testing.T) {
+	res, opts := testResults()
+	tb := newTable(res, opts)
+	if r, ok := tb.ratio("tcp1448", 1, "threaded"); !ok || r.Median != 2.8 || r.N != 2 {
+		t.Errorf("threaded ratio %+v %v, want 2.8 over 2 runs", r, ok)
+	}
+	md := tb.markdown()
+	for _, want := range []string{"**Meets both (by the median):** `gro50`", "confirmed — threaded ÷ plain 2.80x", "| napi | ", "datapath-tcp.svg"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, pr := range []proto{protoTCP, protoUDP} {
+		svg := tb.plot(pr)
+		d := xml.NewDecoder(strings.NewReader(svg))
+		for {
+			_, err := d.Token()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("plot %d is not well-formed XML: %v", pr, err)
+			}
+		}
+		if !strings.Contains(svg, "<rect") {
+			t.Errorf("plot %d has no bars", pr)
+		}
+	}
+}
+
+// TestQuickRun measures plain and NAPI queues for a moment each and checks
+// that something arrived and that no tap and no netns is left behind.
+func TestQuickRun(t *testing.T) {
+	nstest.RequireRoot(t)
+	opts, err := parseFlags([]string{"--duration", "200ms", "--warmup", "100ms", "--runs", "1",
+		"--modes", "plain,napi", "--sizes", "udp512,tcp1448", "--queues", "1", "--out", t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBench(opts, testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	netnsPath := b.ns.path
+	t.Cleanup(func() {
+		if err := b.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	res := &Results{Machine: machineInfo(), Settings: settings(opts)}
+	for _, size := range opts.Sizes {
+		for _, mode := range opts.Modes {
+			s, err := b.cell(context.Background(), 1, mode, size, 1)
+			if err != nil {
+				t.Fatalf("%s %s: %v", size.Name, mode.Name, err)
+			}
+			t.Logf("%s %s: %.0f pps, %.2f Gbit/s, tx %.0f pps, %.1f frames/skb", size.Name, mode.Name, s.PPS, s.Gbps, s.TxPPS, s.FramesPerSKB)
+			if s.PPS <= 0 || s.RxBytes == 0 {
+				t.Errorf("%s %s: nothing received (%d frames written)", size.Name, mode.Name, s.TxFrames)
+			}
+			if gone, err := b.ns.linkGone(s.Tap); err != nil || !gone {
+				t.Errorf("%s %s: tap %s left behind (%v)", size.Name, mode.Name, s.Tap, err)
+			}
+			res.Samples = append(res.Samples, s)
+		}
+	}
+	if err := writeReport(res, opts); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"datapath.md", "datapath.json", "datapath-tcp.svg", "datapath-udp.svg"} {
+		if _, err := os.Stat(filepath.Join(opts.Out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := b.close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(netnsPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("netns %s left behind: %v", netnsPath, err)
+	}
+}
+
+// TestPinThread: the pinned thread runs where it was put.
+func TestPinThread(t *testing.T) {
+	done := make(chan error)
+	cpu := runtime.NumCPU() - 1
+	go func() {
+		if _, err := pinThread(cpu); err != nil {
+			done <- err
+			return
+		}
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err != nil {
+			done <- err
+			return
+		}
+		if set.Count() != 1 || !set.IsSet(cpu) {
+			done <- errors.New("affinity not set")
+			return
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("timeout")
+	}
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

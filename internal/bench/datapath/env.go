@@ -1,0 +1,279 @@
+package datapath
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+func randomSuffix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// podNetns is the pod network namespace of a benchmark: a named netns
+// "napitap-dp-<random>" that lives as long as the benchmark.
+type podNetns struct {
+	name string
+	path string
+}
+
+func newPodNetns() (*podNetns, error) {
+	name := "napitap-dp-" + randomSuffix()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
+	}
+	p := &podNetns{name: name, path: filepath.Join("/run/netns", name)}
+	err := p.do(func() error {
+		lo, err := netlinksafe.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		// Taps inherit "default"; "all" is or-ed with the device's value.
+		for _, k := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+			if err := writeSysctl(k, "0"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = p.close()
+		return nil, fmt.Errorf("netns %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// do runs fn on a thread inside the netns.
+func (p *podNetns) do(fn func() error) error {
+	return ns.WithNetNSPath(p.path, func(ns.NetNS) error { return fn() })
+}
+
+func (p *podNetns) close() error {
+	if p == nil {
+		return nil
+	}
+	if out, err := exec.Command("ip", "netns", "del", p.name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", p.name, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// writeSysctl writes /proc/sys/<key>. /proc/sys/net resolves to the netns
+// of the calling thread, so callers run it under do.
+func writeSysctl(key, value string) error {
+	if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
+	}
+	return nil
+}
+
+// linkGone reports whether no link called name is left in the netns.
+func (p *podNetns) linkGone(name string) (bool, error) {
+	gone := false
+	err := p.do(func() error {
+		_, err := netlinksafe.LinkByName(name)
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			gone = true
+			return nil
+		}
+		return err
+	})
+	return gone, err
+}
+
+// netstat reads /proc/net/snmp and /proc/net/netstat of the netns as
+// "Group.Counter" -> value. /proc/thread-self follows the calling thread's
+// netns, /proc/self that of the main thread.
+// With tap set, "Tap.RxPackets" is the frames the tap took from its queues,
+// read from /proc/net/dev right after the others so that the counters
+// describe the same moment.
+func (p *podNetns) netstat(tap string) (map[string]uint64, error) {
+	m := map[string]uint64{}
+	err := p.do(func() error {
+		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat", "/proc/thread-self/net/dev"} {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			if strings.HasSuffix(f, "/dev") {
+				if tap != "" {
+					v, ok := devRxPackets(raw, tap)
+					if !ok {
+						return fmt.Errorf("%s: no line for %s", f, tap)
+					}
+					m["Tap.RxPackets"] = v
+				}
+				continue
+			}
+			parseNetstat(raw, m)
+		}
+		return nil
+	})
+	return m, err
+}
+
+// devRxPackets finds the receive packet count of dev in /proc/net/dev.
+func devRxPackets(raw []byte, dev string) (uint64, bool) {
+	for _, l := range strings.Split(string(raw), "\n") {
+		name, rest, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(name) != dev {
+			continue
+		}
+		f := strings.Fields(rest) // rx bytes, rx packets, ...
+		if len(f) < 2 {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(f[1], 10, 64)
+		return v, err == nil
+	}
+	return 0, false
+}
+
+// parseNetstat parses the pairs of "Group: names" / "Group: values" lines.
+func parseNetstat(raw []byte, m map[string]uint64) {
+	var header []string
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		if header == nil || header[0] != f[0] {
+			header = f
+			continue
+		}
+		group := strings.TrimSuffix(f[0], ":")
+		for i := 1; i < len(f) && i < len(header); i++ {
+			if v, err := strconv.ParseInt(f[i], 10, 64); err == nil {
+				m[group+"."+header[i]] = uint64(v)
+			}
+		}
+		header = nil
+	}
+}
+
+// podTap is one fresh tap of one benchmark cell, with its queues open.
+type podTap struct {
+	ns     *podNetns
+	name   string
+	mac    net.HardwareAddr
+	queues []*os.File
+	fds    []int
+}
+
+// createTap makes a fresh tap in the pod netns, opens its queues with the
+// flags of mode, applies mode's NAPI knobs while every queue is attached
+// (DESIGN.md fact 9: threaded is only ever switched on, never off, and
+// only then), and gives it the pod address and a permanent neighbour entry
+// for the writer.
+func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock bool) (t *podTap, err error) {
+	flags := tapsetup.QueueFlags{MultiQueue: queues > 1, VnetHdr: true, NAPI: mode.NAPI, NAPIFrags: mode.Frags}
+	if err := tapsetup.CheckFeatures(flags); err != nil {
+		return nil, err
+	}
+	t = &podTap{ns: p, name: name}
+	err = p.do(func() error {
+		link, qs, err := tapsetup.Create(tapsetup.Spec{Name: name, Queues: queues, Flags: flags, VnetHdrSize: vnetHdrLen})
+		if err != nil {
+			return err
+		}
+		t.queues = qs
+		t.mac = slices.Clone(link.Attrs().HardwareAddr)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netns %s: %w", p.name, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := t.destroy(); derr != nil {
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+			}
+			t = nil
+		}
+	}()
+	// Every queue is attached now and stays so until destroy closes them.
+	if err := tapsetup.ApplyNAPIKnobs(p.path, name, mode.knobs()); err != nil {
+		return t, fmt.Errorf("tap %q: NAPI knobs: %w", name, err)
+	}
+	for _, q := range t.queues {
+		fd := int(q.Fd())
+		if err := unix.SetNonblock(fd, nonblock); err != nil {
+			return t, fmt.Errorf("tap %q: O_NONBLOCK: %w", name, err)
+		}
+		t.fds = append(t.fds, fd)
+	}
+	err = p.do(func() error {
+		for _, kv := range [][2]string{
+			{"net/ipv4/conf/" + name + "/rp_filter", "0"},
+			// No router solicitations or DAD on the writer's queues.
+			{"net/ipv6/conf/" + name + "/disable_ipv6", "1"},
+		} {
+			if err := writeSysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		link, err := netlinksafe.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(podIP[:]), Mask: net.CIDRMask(podPrefixLen, 32)}}
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("address %s: %w", addr.IPNet, err)
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+		neigh := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+			IP: net.IP(writerIP[:]), HardwareAddr: writerMAC}
+		if err := netlink.NeighSet(neigh); err != nil {
+			return fmt.Errorf("neighbour %s: %w", neigh.IP, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return t, fmt.Errorf("tap %q in netns %s: %w", name, p.name, err)
+	}
+	return t, nil
+}
+
+// destroy closes every queue (never detaching one first: fact 9), deletes
+// the tap and checks that it is gone.
+func (t *podTap) destroy() error {
+	tapsetup.CloseQueues(t.queues)
+	t.queues, t.fds = nil, nil
+	if err := t.ns.do(func() error { return tapsetup.DeleteTap(t.name) }); err != nil {
+		return fmt.Errorf("netns %s: %w", t.ns.name, err)
+	}
+	gone, err := t.ns.linkGone(t.name)
+	if err != nil {
+		return err
+	}
+	if !gone {
+		return fmt.Errorf("tap %q still exists in netns %s after delete", t.name, t.ns.name)
+	}
+	return nil
+}
