@@ -17,6 +17,7 @@ import (
 	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	cnitest.MainWithBinaries(m, &binDir,
 		"github.com/napitap/napitap/plugins/napitap",
 		"github.com/napitap/napitap/cmd/napitapd",
-		"github.com/napitap/napitap/test/e2e/cri/pause",
+		"github.com/napitap/napitap/test/e2e/crihelp/pause",
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
@@ -48,11 +49,11 @@ func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 			t.Fatalf("%s is missing: run hack/deps.sh (%v)", tool, err)
 		}
 	}
-	crictl := buildCrictl(t)
-	ensureCgroups(t)
-	root := newRoot(t)
+	crictl := crihelp.BuildCrictl(t)
+	crihelp.EnsureCgroups(t)
+	root := crihelp.NewRoot(t, "napicri")
 	queueCounts := []int{1, 2, 4}
-	n := startNode(t, root, crictl, queueCounts[0])
+	n := crihelp.Start(t, crihelp.Config{Root: root, BinDir: binDir, Crictl: crictl, Queues: queueCounts[0]})
 
 	type pod struct {
 		id, netns string
@@ -60,27 +61,27 @@ func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 	}
 	var pods []pod
 	for i, queues := range queueCounts {
-		n.useQueues(queues)
-		cfg := n.writePodConfig(i, queues)
+		n.UseQueues(queues)
+		cfg := writePodConfig(t, n, i, queues)
 		start := time.Now()
-		id := n.crictlMust("runp", cfg)
+		id := n.Crictl("runp", cfg)
 		took := time.Since(start)
-		n.ids = append(n.ids, id)
-		netns, ip := n.inspectPod(id)
+		n.Track(id)
+		netns, ip := inspectPod(t, n, id)
 		t.Logf("pod %d (%d queues): runp %v, sandbox %.12s, ip %s, netns %s", i, queues, took.Round(time.Millisecond), id, ip, netns)
 		if !strings.HasPrefix(netns, root+"/") {
 			t.Errorf("sandbox %.12s netns %s is not under the test's state dir %s", id, netns, root)
 		}
-		if _, subnet, _ := net.ParseCIDR(n.subnet); ip == nil || !subnet.Contains(ip) {
-			t.Errorf("sandbox %.12s has ip %v, want one in %s", id, ip, n.subnet)
+		if _, subnet, _ := net.ParseCIDR(n.Subnet); ip == nil || !subnet.Contains(ip) {
+			t.Errorf("sandbox %.12s has ip %v, want one in %s", id, ip, n.Subnet)
 		}
 		// The name containerd's shim listens on, checked here so that its
 		// absence after rmp means something.
-		if sock := shimSocket(n.address, id); !exists(sock) {
+		if sock := crihelp.ShimSocket(n.Address, id); !crihelp.Exists(sock) {
 			t.Errorf("sandbox %.12s: no shim socket at %s", id, sock)
 		}
 		want := nodecheck.Expect{ContainerID: id, IfName: "eth0", TapName: "tap0", Queues: queues, NAPI: true,
-			Wiring: "tc-redirect", Socket: n.socket, Held: queues}
+			Wiring: "tc-redirect", Socket: n.Socket, Held: queues}
 		if err := nodecheck.Present(netns, want); err != nil {
 			t.Errorf("after runp of pod %d: %v", i, err)
 		}
@@ -98,129 +99,89 @@ func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 
 	for i, p := range pods {
 		start := time.Now()
-		n.crictlMust("stopp", p.id)
+		n.Crictl("stopp", p.id)
 		stopped := time.Since(start)
 		if err := nodecheck.Gone(p.netns, p.want); err != nil {
 			t.Errorf("after stopp of pod %d: %v", i, err)
 		}
 		start = time.Now()
-		n.crictlMust("rmp", p.id)
+		n.Crictl("rmp", p.id)
 		removed := time.Since(start)
 		t.Logf("pod %d: stopp %v, rmp %v", i, stopped.Round(time.Millisecond), removed.Round(time.Millisecond))
 		if err := nodecheck.Gone(p.netns, p.want); err != nil {
 			t.Errorf("after rmp of pod %d: %v", i, err)
 		}
-		if exists(p.netns) {
+		if crihelp.Exists(p.netns) {
 			t.Errorf("pod %d netns file %s is still there after rmp", i, p.netns)
 		}
-		if exists(shimSocket(n.address, p.id)) {
-			t.Errorf("pod %d shim socket %s is still there after rmp", i, shimSocket(n.address, p.id))
+		if sock := crihelp.ShimSocket(n.Address, p.id); crihelp.Exists(sock) {
+			t.Errorf("pod %d shim socket %s is still there after rmp", i, sock)
 		}
 	}
 
 	// The node is as it was, but for the bridge the bridge plugin keeps.
-	if left := n.crictlMust("pods", "-q"); left != "" {
+	if left := n.Crictl("pods", "-q"); left != "" {
 		t.Errorf("crictl pods after rmp: %q", left)
 	}
-	if links := nodeLinks(t, n.netns); strings.Join(links, " ") != "lo "+bridgeName {
-		t.Errorf("node netns links after rmp: %v, want only lo and %s", links, bridgeName)
+	if links := nodeLinks(t, n.NetNS); strings.Join(links, " ") != "lo napicri0" {
+		t.Errorf("node netns links after rmp: %v, want only lo and napicri0", links)
 	}
 	if links := hostLinks(t); len(links) > 0 {
 		t.Errorf("napicri links in the host netns: %v", links)
 	}
-	if netnsDir := filepath.Join(root, "state", "io.containerd.grpc.v1.cri", "netns"); len(listDir(netnsDir)) > 0 {
-		t.Errorf("pod netns files left in %s: %v", netnsDir, listDir(netnsDir))
+	if netnsDir := filepath.Join(root, "state", "io.containerd.grpc.v1.cri", "netns"); len(crihelp.ListDir(netnsDir)) > 0 {
+		t.Errorf("pod netns files left in %s: %v", netnsDir, crihelp.ListDir(netnsDir))
 	}
-	if left := listDir(n.stateDir); len(left) > 0 {
-		t.Errorf("napitapd state dir %s not empty: %v", n.stateDir, left)
+	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
-	if atts, err := (&handoff.Client{Socket: n.socket}).List(); err != nil || len(atts) > 0 {
+	if atts, err := (&handoff.Client{Socket: n.Socket}).List(); err != nil || len(atts) > 0 {
 		t.Errorf("napitapd after rmp holds %+v (%v), want nothing", atts, err)
 	}
-	if pids := shimsOf(n.address); len(pids) > 0 {
+	if pids := crihelp.ShimsOf(n.Address); len(pids) > 0 {
 		t.Errorf("shims still running after rmp: %v", pids)
 	}
-}
-
-// buildCrictl returns the cached crictl, building it first (about a
-// minute) through hack/crictl.sh, which pins its version.
-func buildCrictl(t *testing.T) string {
-	t.Helper()
-	repo, err := filepath.Abs("../../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	cmd := exec.Command("bash", filepath.Join(repo, "hack", "crictl.sh"), "--path")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hack/crictl.sh --path: %v", err)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Logf("built crictl in %v", d.Round(time.Second))
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // writePodConfig writes the PodSandboxConfig crictl runp sends, with the
 // pod's cgroups under the test's napicri-* parent and its logs in the
 // temp dir.
-func (n *node) writePodConfig(i, queues int) string {
-	n.t.Helper()
+func writePodConfig(t *testing.T, n *crihelp.Node, i, queues int) string {
+	t.Helper()
 	cfg := map[string]any{
 		"metadata": map[string]any{
 			"name":      fmt.Sprintf("napicri-q%d", queues),
 			"namespace": "napicri",
-			"uid":       fmt.Sprintf("napicri-%s-%d", filepath.Base(n.root), i),
+			"uid":       fmt.Sprintf("napicri-%s-%d", filepath.Base(n.Root), i),
 			"attempt":   0,
 		},
 		"hostname":      fmt.Sprintf("napicri-%d", i),
-		"log_directory": filepath.Join(n.root, "logs", fmt.Sprint(i)),
-		"linux":         map[string]any{"cgroup_parent": n.cgroup},
+		"log_directory": filepath.Join(n.Root, "logs", fmt.Sprint(i)),
+		"linux":         map[string]any{"cgroup_parent": n.Cgroup},
 	}
 	b, err := json.Marshal(cfg)
 	if err != nil {
-		n.t.Fatal(err)
+		t.Fatal(err)
 	}
-	path := filepath.Join(n.root, fmt.Sprintf("pod-%d.json", i))
+	path := filepath.Join(n.Root, fmt.Sprintf("pod-%d.json", i))
 	if err := os.WriteFile(path, b, 0o644); err != nil {
-		n.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return path
 }
 
 // inspectPod returns the sandbox's netns path, from the OCI spec containerd
 // ran it with, and its IP as the CRI reports it.
-func (n *node) inspectPod(id string) (string, net.IP) {
-	n.t.Helper()
-	out := n.crictlMust("inspectp", "-o", "json", id)
-	var inspect struct {
-		Status struct {
-			State   string
-			Network struct{ IP string }
-		}
-		Info struct {
-			RuntimeSpec struct {
-				Linux struct {
-					Namespaces []struct{ Type, Path string }
-				}
-			}
-		}
+func inspectPod(t *testing.T, n *crihelp.Node, id string) (string, net.IP) {
+	t.Helper()
+	sb, err := n.InspectSandbox(id)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(out), &inspect); err != nil {
-		n.t.Fatalf("crictl inspectp %s: %v", id, err)
+	if sb.State != "SANDBOX_READY" {
+		t.Errorf("sandbox %.12s state %s, want SANDBOX_READY", id, sb.State)
 	}
-	if inspect.Status.State != "SANDBOX_READY" {
-		n.t.Errorf("sandbox %.12s state %s, want SANDBOX_READY", id, inspect.Status.State)
-	}
-	for _, ns := range inspect.Info.RuntimeSpec.Linux.Namespaces {
-		if ns.Type == "network" && ns.Path != "" {
-			return ns.Path, net.ParseIP(inspect.Status.Network.IP)
-		}
-	}
-	n.t.Fatalf("sandbox %.12s: no network namespace path in its runtime spec: %s", id, tail(out, 2000))
-	return "", nil
+	return sb.NetNS, sb.IP
 }
 
 func nodeLinks(t *testing.T, netns *nstest.NetNS) []string {

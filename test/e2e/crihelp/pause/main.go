@@ -1,5 +1,6 @@
-// Command pause is the sandbox ("pause") container of the CRI e2e: PID 1 of
-// each pod sandbox. It waits for SIGTERM or SIGINT and reaps any child
+// Command pause is the sandbox ("pause") container of the CRI and node e2e
+// suites: PID 1 of each pod sandbox (and the node suite's one container
+// image). It waits for SIGTERM or SIGINT and reaps any child
 // re-parented to it meanwhile, as Kubernetes' pause does. Built static
 // (CGO_ENABLED=0) and packed into a docker-archive image by the test.
 package main

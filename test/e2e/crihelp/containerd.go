@@ -1,4 +1,11 @@
-package cri
+// Package crihelp runs containerd 1.6's CRI plugin (with runc) and the
+// test's own napitapd on a node netns of the test's own, with a CNI conf
+// dir holding one bridge + napitap conflist, for the CRI e2e (driven by
+// crictl) and the real-node e2e (driven by kubelet). Everything lives in
+// one temp dir; the only things outside are the shim sockets containerd
+// 1.6 always puts under /run/containerd/s and the pods' cgroups, which it
+// removes.
+package crihelp
 
 import (
 	"bufio"
@@ -25,44 +32,68 @@ import (
 )
 
 const (
-	pauseRef   = "napicri.local/pause:test"
-	criNS      = "k8s.io"
-	confFile   = "10-napicri.conflist"
-	bridgeName = "napicri0"
-	shimRoot   = "/run/containerd/s" // containerd 1.6 puts shim sockets here whatever its config says
+	// PauseRef is the locally built pause image, the sandbox image of
+	// every pod and, in the node suite, its containers' image too.
+	PauseRef = "napicri.local/pause:test"
+	criNS    = "k8s.io"
+	shimRoot = "/run/containerd/s" // containerd 1.6 puts shim sockets here whatever its config says
 )
 
-// node is one containerd (CRI plugin + runc) serving a node netns of the
-// test's own, with its CNI config, and the napitapd its napitap hands to.
-type node struct {
-	t        *testing.T
-	root     string // temp dir holding everything below
-	netns    *nstest.NetNS
-	address  string // containerd's gRPC socket
-	crictlCf string
-	crictl   string
-	confDir  string
-	subnet   string
-	cgroup   string // cgroup_parent of the pods, "/napicri-<suffix>"
-	socket   string // napitapd's
-	stateDir string // napitapd's
-	proc     *exec.Cmd
-	exited   chan struct{}
-	log      string
-	ids      []string // every sandbox started, for the shim socket names
+// Config says what kind of node Start makes.
+type Config struct {
+	Root   string // NewRoot's temp dir: everything goes in it
+	BinDir string // napitap, napitapd, pause, bridge, host-local and loopback
+	Crictl string // BuildCrictl's
+	// NetNS is the node netns containerd serves; nil makes one
+	// ("napitap-cri-node-*") that is removed when the test ends.
+	NetNS *nstest.NetNS
+	// Name is the CNI network's name and, with a random suffix, the pods'
+	// cgroup parent's; "napicri" if empty.
+	Name string
+	// Bridge is the bridge plugin's bridge; Name+"0" if empty.
+	Bridge string
+	// Subnet is host-local's; "10.196.0.0/24" if empty.
+	Subnet string
+	// NapitapExtra is more JSON members for napitap's config, such as
+	// `"groFlushTimeout": 200000`.
+	NapitapExtra string
+	// Queues is napitap's queue count in the first conflist.
+	Queues int
 }
 
-// newRoot makes the temp dir everything lives in (short: it holds unix
+// Node is one containerd (CRI plugin + runc) serving a node netns of the
+// test's own, with its CNI config, and the napitapd its napitap hands to.
+type Node struct {
+	t        testing.TB
+	cfg      Config
+	Root     string // temp dir holding everything below
+	NetNS    *nstest.NetNS
+	Address  string // containerd's gRPC socket
+	CrictlCf string // crictl's config file
+	crictl   string
+	ConfDir  string // the CNI conf dir
+	BinLinks string // the CNI bin dir
+	Subnet   string
+	Cgroup   string // cgroup parent of the pods, "/<Name>-<suffix>"
+	Socket   string // napitapd's
+	StateDir string // napitapd's
+	proc     *exec.Cmd
+	exited   <-chan struct{}
+	log      string
+	ids      []string // every sandbox seen, for the shim socket names
+}
+
+// NewRoot makes the temp dir everything lives in (short: it holds unix
 // sockets) and removes it when the test ends, unmounting first whatever
 // containerd left mounted in it (pod netns files, /dev/shm, rootfs).
-func newRoot(t *testing.T) string {
+func NewRoot(t testing.TB, prefix string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "napicri-")
+	dir, err := os.MkdirTemp("", prefix+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, m := range mountsUnder(dir) {
+		for _, m := range MountsUnder(dir) {
 			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
 				t.Errorf("umount %s: %v", m, err)
 			} else {
@@ -76,8 +107,8 @@ func newRoot(t *testing.T) string {
 	return dir
 }
 
-// mountsUnder lists mount points under dir, deepest first.
-func mountsUnder(dir string) []string {
+// MountsUnder lists mount points under dir, deepest first.
+func MountsUnder(dir string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
@@ -100,10 +131,10 @@ func unescapeMount(s string) string {
 	return r.Replace(s)
 }
 
-// ensureCgroups makes sure runc finds a cgroup mount at /sys/fs/cgroup
+// EnsureCgroups makes sure runc finds a cgroup mount at /sys/fs/cgroup
 // (v1 hierarchies or cgroup2). If there is none it mounts cgroup2 there,
 // says so, and unmounts it when the test ends.
-func ensureCgroups(t *testing.T) {
+func EnsureCgroups(t testing.TB) {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -142,9 +173,9 @@ func ensureCgroups(t *testing.T) {
 	})
 }
 
-// removeCgroups removes the pods' cgroup parent, in every hierarchy, after
+// RemoveCgroups removes the pods' cgroup parent, in every hierarchy, after
 // runc has removed the pods' own (or leaves them behind on failure).
-func removeCgroups(t *testing.T, parent string) {
+func RemoveCgroups(t testing.TB, parent string) {
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
 	if fi, err := os.Stat(filepath.Join("/sys/fs/cgroup", parent)); err == nil && fi.IsDir() {
 		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", parent))
@@ -214,86 +245,85 @@ disabled_plugins = [
     conf_template = ""
 `
 
-// startNode makes the node netns, the CNI bin and conf dirs, napitapd and
-// containerd (in the node netns), and imports the pause image. Everything
-// is stopped and removed when the test ends, failure or not.
-func startNode(t *testing.T, root, crictl string, firstQueues int) *node {
+// Start makes the CNI bin and conf dirs, napitapd and containerd (in the
+// node netns), and imports the pause image. Everything is stopped and
+// removed when the test ends, failure or not.
+func Start(t testing.TB, cfg Config) *Node {
 	t.Helper()
-	suffix := nstest.RandomSuffix()
-	n := &node{
-		t:       t,
-		root:    root,
-		netns:   nstest.New(t, "cri-node"),
-		address: filepath.Join(root, "containerd.sock"),
-		crictl:  crictl,
-		confDir: filepath.Join(root, "cni", "conf"),
-		subnet:  "10.196.0.0/24",
-		cgroup:  "/napicri-" + suffix,
-		log:     filepath.Join(root, "containerd.log"),
+	if cfg.Name == "" {
+		cfg.Name = "napicri"
 	}
-	n.netns.Run(t, setLoUp)
-	t.Cleanup(func() { removeCgroups(t, n.cgroup) })
+	if cfg.Bridge == "" {
+		cfg.Bridge = cfg.Name + "0"
+	}
+	if cfg.Subnet == "" {
+		cfg.Subnet = "10.196.0.0/24"
+	}
+	if cfg.Queues == 0 {
+		cfg.Queues = 1
+	}
+	if cfg.NetNS == nil {
+		cfg.NetNS = nstest.New(t, "cri-node")
+	}
+	root := cfg.Root
+	n := &Node{
+		t:        t,
+		cfg:      cfg,
+		Root:     root,
+		NetNS:    cfg.NetNS,
+		Address:  filepath.Join(root, "containerd.sock"),
+		crictl:   cfg.Crictl,
+		ConfDir:  filepath.Join(root, "cni", "conf"),
+		BinLinks: filepath.Join(root, "cni", "bin"),
+		Subnet:   cfg.Subnet,
+		Cgroup:   "/" + cfg.Name + "-" + nstest.RandomSuffix(),
+		log:      filepath.Join(root, "containerd.log"),
+	}
+	n.NetNS.Run(t, setLoUp)
+	t.Cleanup(func() { RemoveCgroups(t, n.Cgroup) })
 
 	// containerd 1.6 takes one CNI bin_dir: links to what the test built.
 	// loopback is what containerd itself sets up lo with.
-	binLinks := filepath.Join(root, "cni", "bin")
-	for _, dir := range []string{binLinks, n.confDir, filepath.Join(root, "logs")} {
+	for _, dir := range []string{n.BinLinks, n.ConfDir, filepath.Join(root, "logs")} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, plugin := range []string{"napitap", "bridge", "host-local", "loopback"} {
-		if err := os.Symlink(filepath.Join(binDir, plugin), filepath.Join(binLinks, plugin)); err != nil {
+		if err := os.Symlink(filepath.Join(cfg.BinDir, plugin), filepath.Join(n.BinLinks, plugin)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	n.socket, n.stateDir = startNapitapd(t, filepath.Join(root, "napitapd"))
-	n.writeConflist(firstQueues)
+	n.Socket, n.StateDir = StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	n.WriteConflist(cfg.Queues)
 
-	cfg := filepath.Join(root, "containerd.toml")
+	cfgFile := filepath.Join(root, "containerd.toml")
 	conf := fmt.Sprintf(containerdConfig,
-		filepath.Join(root, "root"), filepath.Join(root, "state"), n.address, n.address+".ttrpc",
-		filepath.Join(root, "opt"), pauseRef, filepath.Join(root, "runc"), binLinks, n.confDir)
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		filepath.Join(root, "root"), filepath.Join(root, "state"), n.Address, n.Address+".ttrpc",
+		filepath.Join(root, "opt"), PauseRef, filepath.Join(root, "runc"), n.BinLinks, n.ConfDir)
+	if err := os.WriteFile(cfgFile, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.crictlCf = filepath.Join(root, "crictl.yaml")
-	crictlConf := fmt.Sprintf("runtime-endpoint: unix://%[1]s\nimage-endpoint: unix://%[1]s\ntimeout: 20\n", n.address)
-	if err := os.WriteFile(n.crictlCf, []byte(crictlConf), 0o644); err != nil {
+	n.CrictlCf = filepath.Join(root, "crictl.yaml")
+	crictlConf := fmt.Sprintf("runtime-endpoint: unix://%[1]s\nimage-endpoint: unix://%[1]s\ntimeout: 20\n", n.Address)
+	if err := os.WriteFile(n.CrictlCf, []byte(crictlConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
-	shimsBefore := listDir(shimRoot)
-	runBefore := !exists("/run/containerd")
-	sBefore := !exists(shimRoot)
+	shimsBefore := ListDir(shimRoot)
+	runBefore := !Exists("/run/containerd")
+	sBefore := !Exists(shimRoot)
 	logFile, err := os.Create(n.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// nsenter --net only: `ip netns exec` would also remount /sys in a
 	// mount namespace of its own, /sys/fs/cgroup would vanish and runc fail.
-	n.proc = exec.Command("nsenter", "--net="+n.netns.Path(), "--", "containerd", "--config", cfg, "--log-level", "info")
+	n.proc = exec.Command("nsenter", "--net="+n.NetNS.Path(), "--", "containerd", "--config", cfgFile, "--log-level", "info")
 	n.proc.Stdout, n.proc.Stderr = logFile, logFile
-	// Should the test binary die (a go test timeout runs no cleanups),
-	// containerd gets SIGTERM. The parent-death signal follows the thread
-	// that forked, and ns.Do ends the threads it locks, so fork from a
-	// thread held until containerd exits.
-	n.proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	start := time.Now()
-	n.exited = make(chan struct{})
-	started := make(chan error)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		err := n.proc.Start()
-		started <- err
-		if err == nil {
-			_ = n.proc.Wait()
-		}
-		logFile.Close()
-		close(n.exited)
-	}()
-	if err := <-started; err != nil {
+	n.exited, err = StartPinned(n.proc, func() { logFile.Close() })
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -301,33 +331,65 @@ func startNode(t *testing.T, root, crictl string, firstQueues int) *node {
 		n.cleanShimSockets(shimsBefore, runBefore, sBefore)
 		if t.Failed() {
 			b, _ := os.ReadFile(n.log)
-			t.Logf("containerd log (last 6000 bytes):\n%s", tail(string(b), 6000))
+			t.Logf("containerd log (last 6000 bytes):\n%s", Tail(string(b), 6000))
 		}
 	})
 
 	if err := n.waitReady(20 * time.Second); err != nil {
 		t.Fatalf("containerd did not get ready: %v", err)
 	}
-	t.Logf("containerd %s ready in %v (pid %d, node netns %s)", containerdVersion(), time.Since(start).Round(time.Millisecond), n.proc.Process.Pid, n.netns.Name)
+	t.Logf("containerd %s ready in %v (pid %d, node netns %s)", ContainerdVersion(), time.Since(start).Round(time.Millisecond), n.proc.Process.Pid, n.NetNS.Name)
 
 	archive := filepath.Join(root, "pause.tar")
-	if err := writePauseArchive(archive, filepath.Join(binDir, "pause"), pauseRef); err != nil {
+	if err := WritePauseArchive(archive, filepath.Join(cfg.BinDir, "pause"), PauseRef); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.address, "-n", criNS, "images", "import", archive).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.Address, "-n", criNS, "images", "import", archive).CombinedOutput(); err != nil {
 		t.Fatalf("ctr images import: %v: %s", err, out)
 	}
 	// The CRI plugin learns of the image through containerd's events.
-	if err := poll(10*time.Second, func() error {
-		_, err := n.crictlRun("inspecti", pauseRef)
+	if err := Poll(10*time.Second, func() error {
+		_, err := n.CrictlRun("inspecti", PauseRef)
 		return err
 	}); err != nil {
 		t.Fatalf("pause image not visible to CRI: %v", err)
 	}
 	return n
 }
+
+// StartPinned starts cmd with SIGTERM as its parent-death signal: should
+// the test binary die (a go test timeout runs no cleanups), the process
+// gets SIGTERM. The parent-death signal follows the thread that forked,
+// and ns.Do ends the threads it locks, so it forks from a thread held until
+// the process exits. The channel closes when it has exited and done (if
+// not nil) has run.
+func StartPinned(cmd *exec.Cmd, done func()) (<-chan struct{}, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
+	exited := make(chan struct{})
+	started := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+		}
+		if done != nil {
+			done()
+		}
+		close(exited)
+	}()
+	return exited, <-started
+}
+
+// Pid is containerd's.
+func (n *Node) Pid() int { return n.proc.Process.Pid }
 
 func setLoUp() error {
 	out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput()
@@ -337,47 +399,63 @@ func setLoUp() error {
 	return nil
 }
 
-// napitapConf is the conflist of one queue count: bridge (its own bridge,
+// NetworkName is the CNI network's name (the conflist's).
+func (n *Node) NetworkName() string { return n.cfg.Name }
+
+// ConfFile is the one conflist of the conf dir.
+func (n *Node) ConfFile() string { return filepath.Join(n.ConfDir, "10-"+n.cfg.Name+".conflist") }
+
+// Conflist is the conflist of one queue count: bridge (its own bridge,
 // host-local with its data in the temp dir) then napitap with tc-redirect,
 // handing the queues to the test's napitapd.
-func (n *node) napitapConf(queues int) string {
+func (n *Node) Conflist(queues int) string {
+	return n.ConflistVersion("1.0.0", queues)
+}
+
+// ConflistVersion is Conflist with another cniVersion (containerd 1.6's
+// libcni knows 1.0.0 at most; GC needs 1.1.0).
+func (n *Node) ConflistVersion(cniVersion string, queues int) string {
+	extra := ""
+	if n.cfg.NapitapExtra != "" {
+		extra = ",\n     " + n.cfg.NapitapExtra
+	}
 	return fmt.Sprintf(`{
-  "cniVersion": "1.0.0",
-  "name": "napicri",
+  "cniVersion": %q,
+  "name": %q,
   "plugins": [
     {"type": "bridge", "bridge": %q, "isGateway": true,
      "ipam": {"type": "host-local", "subnet": %q, "dataDir": %q}},
     {"type": "napitap", "queues": %d, "wiring": "tc-redirect",
-     "handoff": {"socket": %q, "required": true}}
+     "handoff": {"socket": %q, "required": true}%s}
   ]
 }
-`, bridgeName, n.subnet, filepath.Join(n.root, "cni", "ipam"), queues, n.socket)
+`, cniVersion, n.cfg.Name, n.cfg.Bridge, n.Subnet, filepath.Join(n.Root, "cni", "ipam"), queues, n.Socket, extra)
 }
 
-// writeConflist replaces the one conflist of the conf dir atomically
+// WriteConflist replaces the one conflist of the conf dir atomically
 // (containerd ignores *.tmp and reloads on the rename).
-func (n *node) writeConflist(queues int) {
+func (n *Node) WriteConflist(queues int) {
 	n.t.Helper()
-	tmp := filepath.Join(n.confDir, confFile+".tmp")
-	if err := os.WriteFile(tmp, []byte(n.napitapConf(queues)), 0o644); err != nil {
+	tmp := n.ConfFile() + ".tmp"
+	if err := os.WriteFile(tmp, []byte(n.Conflist(queues)), 0o644); err != nil {
 		n.t.Fatal(err)
 	}
-	if err := os.Rename(tmp, filepath.Join(n.confDir, confFile)); err != nil {
+	if err := os.Rename(tmp, n.ConfFile()); err != nil {
 		n.t.Fatal(err)
 	}
 }
 
-// useQueues switches the node's CNI config to a napitap with this many
+// UseQueues switches the node's CNI config to a napitap with this many
 // queues and waits until the CRI plugin has loaded it: containerd 1.6 has
 // no per-pod CNI config and napitap takes per-pod queues only from
 // args.cni (Multus), so a per-pod queue count means a node config change,
 // made the way a CNI DaemonSet makes it.
-func (n *node) useQueues(queues int) {
+func (n *Node) UseQueues(queues int) {
 	n.t.Helper()
-	n.writeConflist(queues)
+	n.WriteConflist(queues)
 	var loaded int
-	err := poll(10*time.Second, func() (err error) {
-		loaded, err = n.loadedQueues()
+	err := Poll(10*time.Second, func() (err error) {
+		loaded, err = n.LoadedQueues()
 		if err == nil && loaded != queues {
 			err = fmt.Errorf("CRI still has the conflist with %d queues", loaded)
 		}
@@ -388,10 +466,10 @@ func (n *node) useQueues(queues int) {
 	}
 }
 
-// loadedQueues reads the napitap queue count of the conflist the CRI
+// LoadedQueues reads the napitap queue count of the conflist the CRI
 // plugin has loaded, from `crictl info` (containerd's cniconfig).
-func (n *node) loadedQueues() (int, error) {
-	out, err := n.crictlRun("info")
+func (n *Node) LoadedQueues() (int, error) {
+	out, err := n.CrictlRun("info")
 	if err != nil {
 		return 0, err
 	}
@@ -409,7 +487,7 @@ func (n *node) loadedQueues() (int, error) {
 		return 0, fmt.Errorf("crictl info: %v", err)
 	}
 	for _, net := range info.CNIConfig.Networks {
-		if net.Config.Name != "napicri" {
+		if net.Config.Name != n.cfg.Name {
 			continue
 		}
 		var list struct {
@@ -427,17 +505,17 @@ func (n *node) loadedQueues() (int, error) {
 			}
 		}
 	}
-	return 0, errors.New("CRI has no napicri network loaded")
+	return 0, fmt.Errorf("CRI has no %s network loaded", n.cfg.Name)
 }
 
-func (n *node) waitReady(timeout time.Duration) error {
-	return poll(timeout, func() error {
+func (n *Node) waitReady(timeout time.Duration) error {
+	return Poll(timeout, func() error {
 		select {
 		case <-n.exited:
 			return errExited
 		default:
 		}
-		out, err := n.crictlRun("info")
+		out, err := n.CrictlRun("info")
 		if err != nil {
 			return err
 		}
@@ -468,9 +546,9 @@ func (n *node) waitReady(timeout time.Duration) error {
 
 var errExited = errors.New("containerd exited")
 
-// poll calls fn until it succeeds, the timeout passes, or containerd
+// Poll calls fn until it succeeds, the timeout passes, or containerd
 // exits; it returns fn's last error.
-func poll(timeout time.Duration, fn func() error) error {
+func Poll(timeout time.Duration, fn func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := fn()
@@ -481,11 +559,11 @@ func poll(timeout time.Duration, fn func() error) error {
 	}
 }
 
-// crictlRun runs crictl against this node's containerd, bounded.
-func (n *node) crictlRun(args ...string) ([]byte, error) {
+// CrictlRun runs crictl against this node's containerd, bounded.
+func (n *Node) CrictlRun(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, n.crictl, append([]string{"--config", n.crictlCf}, args...)...)
+	cmd := exec.CommandContext(ctx, n.crictl, append([]string{"--config", n.CrictlCf}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -495,9 +573,11 @@ func (n *node) crictlRun(args ...string) ([]byte, error) {
 	return out, nil
 }
 
-func (n *node) crictlMust(args ...string) string {
+// Crictl is CrictlRun that fails the test on error; it returns the
+// trimmed output.
+func (n *Node) Crictl(args ...string) string {
 	n.t.Helper()
-	out, err := n.crictlRun(args...)
+	out, err := n.CrictlRun(args...)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -508,17 +588,18 @@ func (n *node) crictlMust(args ...string) string {
 // containerd by PID, then, should anything have gone wrong, kills the
 // shims this containerd started and whatever runc still runs under the
 // test's runc root.
-func (n *node) teardown() {
+func (n *Node) teardown() {
 	t := n.t
 	select {
 	case <-n.exited:
 	default:
-		if out, err := n.crictlRun("pods", "-q"); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+		if out, err := n.CrictlRun("pods", "-q"); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+			n.ids = append(n.ids, strings.Fields(string(out))...)
 			t.Logf("cleanup: removing leftover pods %q", strings.Fields(string(out)))
-			if _, err := n.crictlRun(append([]string{"stopp"}, strings.Fields(string(out))...)...); err != nil {
+			if _, err := n.CrictlRun(append([]string{"stopp"}, strings.Fields(string(out))...)...); err != nil {
 				t.Logf("cleanup: %v", err)
 			}
-			if _, err := n.crictlRun("rmp", "--force", "--all"); err != nil {
+			if _, err := n.CrictlRun("rmp", "--force", "--all"); err != nil {
 				t.Logf("cleanup: %v", err)
 			}
 		}
@@ -531,11 +612,11 @@ func (n *node) teardown() {
 			<-n.exited
 		}
 	}
-	for _, pid := range shimsOf(n.address) {
+	for _, pid := range ShimsOf(n.Address) {
 		t.Errorf("cleanup: killing leftover shim pid %d", pid)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	runcRoot := filepath.Join(n.root, "runc", criNS) // the shim appends the namespace
+	runcRoot := filepath.Join(n.Root, "runc", criNS) // the shim appends the namespace
 	if ids, _ := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); len(strings.TrimSpace(string(ids))) > 0 {
 		for _, id := range strings.Fields(string(ids)) {
 			t.Errorf("cleanup: deleting leftover runc container %s", id)
@@ -544,9 +625,9 @@ func (n *node) teardown() {
 	}
 }
 
-// shimsOf finds containerd-shim processes started for this containerd
+// ShimsOf finds containerd-shim processes started for this containerd
 // (their -address is its socket).
-func shimsOf(address string) []int {
+func ShimsOf(address string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -571,9 +652,9 @@ func shimsOf(address string) []int {
 	return pids
 }
 
-// shimSocket is where containerd 1.6's runc shim listens for a task:
+// ShimSocket is where containerd 1.6's runc shim listens for a task:
 // /run/containerd/s/<sha256(address/namespace/id)>.
-func shimSocket(address, id string) string {
+func ShimSocket(address, id string) string {
 	d := sha256.Sum256([]byte(filepath.Join(address, criNS, id)))
 	return filepath.Join(shimRoot, hex.EncodeToString(d[:]))
 }
@@ -581,8 +662,8 @@ func shimSocket(address, id string) string {
 // cleanShimSockets removes the shim sockets of this containerd that are
 // still there, and /run/containerd/s and /run/containerd if the test made
 // them and they are empty.
-func (n *node) cleanShimSockets(before map[string]bool, madeRun, madeS bool) {
-	for name := range listDir(shimRoot) {
+func (n *Node) cleanShimSockets(before map[string]bool, madeRun, madeS bool) {
+	for name := range ListDir(shimRoot) {
 		if before[name] {
 			continue
 		}
@@ -601,9 +682,9 @@ func (n *node) cleanShimSockets(before map[string]bool, madeRun, madeS bool) {
 	}
 }
 
-func (n *node) ownsShimSocket(name string) bool {
+func (n *Node) ownsShimSocket(name string) bool {
 	for _, id := range n.sandboxIDs() {
-		if filepath.Base(shimSocket(n.address, id)) == name {
+		if filepath.Base(ShimSocket(n.Address, id)) == name {
 			return true
 		}
 	}
@@ -611,9 +692,22 @@ func (n *node) ownsShimSocket(name string) bool {
 }
 
 // sandboxIDs are the ids of every sandbox this node ran.
-func (n *node) sandboxIDs() []string { return n.ids }
+func (n *Node) sandboxIDs() []string { return n.ids }
 
-func listDir(dir string) map[string]bool {
+// Track records a sandbox's id, whose shim socket cleanup then removes
+// should containerd leave it behind.
+func (n *Node) Track(ids ...string) { n.ids = append(n.ids, ids...) }
+
+// TrackAll records every sandbox containerd knows now (a runtime other
+// than the test, such as kubelet, makes them).
+func (n *Node) TrackAll() {
+	if out, err := n.CrictlRun("pods", "-q"); err == nil {
+		n.Track(strings.Fields(string(out))...)
+	}
+}
+
+// ListDir returns the names in dir (none if it cannot be read).
+func ListDir(dir string) map[string]bool {
 	out := map[string]bool{}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -622,12 +716,14 @@ func listDir(dir string) map[string]bool {
 	return out
 }
 
-func exists(path string) bool {
+// Exists reports whether path exists (a dangling symlink does).
+func Exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
 }
 
-func containerdVersion() string {
+// ContainerdVersion is what `containerd --version` says.
+func ContainerdVersion() string {
 	out, err := exec.Command("containerd", "--version").Output()
 	if err != nil {
 		return "?"
@@ -639,9 +735,9 @@ func containerdVersion() string {
 	return strings.TrimSpace(string(out))
 }
 
-// startNapitapd runs the test's napitapd binary on a socket in dir and
-// stops it by PID when the test ends; it returns the socket and state dir.
-func startNapitapd(t *testing.T, dir string) (string, string) {
+// StartNapitapd runs the napitapd binary bin on a socket in dir and stops
+// it by PID when the test ends; it returns the socket and state dir.
+func StartNapitapd(t testing.TB, bin, dir string) (string, string) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -651,7 +747,7 @@ func startNapitapd(t *testing.T, dir string) (string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(binDir, "napitapd"), "--socket", socket, "--state-dir", state)
+	cmd := exec.Command(bin, "--socket", socket, "--state-dir", state)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -662,16 +758,17 @@ func startNapitapd(t *testing.T, dir string) (string, string) {
 		log.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(log.Name())
-			t.Logf("napitapd log:\n%s", tail(string(b), 4000))
+			t.Logf("napitapd log:\n%s", Tail(string(b), 4000))
 		}
 	})
-	if err := poll(5*time.Second, func() error { _, err := os.Stat(socket); return err }); err != nil {
+	if err := Poll(5*time.Second, func() error { _, err := os.Stat(socket); return err }); err != nil {
 		t.Fatalf("napitapd did not create %s", socket)
 	}
 	return socket, state
 }
 
-func tail(s string, n int) string {
+// Tail is the last n bytes of s.
+func Tail(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -1,4 +1,4 @@
-package cri
+package crihelp
 
 import (
 	"archive/tar"
@@ -12,11 +12,11 @@ import (
 	"time"
 )
 
-// writePauseArchive packs the static pause binary into a one-layer image
+// WritePauseArchive packs the static pause binary into a one-layer image
 // in docker-archive form (what `docker save` writes and `ctr images import`
 // reads): layer.tar, the image config named by its digest with the layer's
 // diff_id, and manifest.json tagging it ref.
-func writePauseArchive(path, pauseBin, ref string) error {
+func WritePauseArchive(path, pauseBin, ref string) error {
 	bin, err := os.ReadFile(pauseBin)
 	if err != nil {
 		return err
