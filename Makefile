@@ -13,7 +13,12 @@ TEST_TIMEOUT ?= 20m
 
 IMAGE     ?= ghcr.io/napitap/napitap:$(VERSION)
 
-.PHONY: all deps build tools demo test unit deploy-test e2e e2e-kind image fuzz-short bench clean
+# Every package but the real-node e2e, which builds Kubernetes first
+# (make e2e-node).
+PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
+E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
+
+.PHONY: all deps build tools demo test unit deploy-test e2e e2e-node e2e-kind image fuzz-short bench clean
 
 all: build
 
@@ -37,7 +42,7 @@ demo: deps build tools
 # kernel and initramfs are cached under .cache/vm.
 test: deps build tools
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) deploy-test
 
 # Every manifest under deploy/, rendered with kustomize and strictly decoded
@@ -48,7 +53,12 @@ deploy-test:
 # The end-to-end suites alone: a QEMU guest, containerd + crictl, Multus-style
 # delegation, faults and churn.
 e2e: deps build tools
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./test/e2e/...
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
+
+# A real node: etcd, kube-apiserver, containerd and kubelet built from the Go
+# module proxy (cached in .cache/k8s-*; the first build takes minutes).
+e2e-node: deps build tools
+	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 
 # kind, Multus and the DaemonSet; needs a Docker engine (not on this machine).
 e2e-kind:

@@ -149,7 +149,9 @@ func openPacketSocket(ifindex int) (int, error) {
 		unix.Close(sock)
 		return -1, fmt.Errorf("setting packet socket timeout: %w", err)
 	}
-	sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifindex}
+	// ETH_P_ALL taps see frames before tc ingress; an ETH_P_IP one would
+	// miss everything a tc-redirect wiring moves to the peer.
+	sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex}
 	if err := unix.Bind(sock, sa); err != nil {
 		unix.Close(sock)
 		return -1, fmt.Errorf("binding packet socket: %w", err)
