@@ -194,7 +194,7 @@ func createTap(t *testing.T, netns *nstest.NetNS, name string, vnetHdrLen, nQueu
 		// then (nstest's earlier cleanup) the netns.
 		t.Cleanup(func() {
 			tapsetup.CloseQueues(files)
-			if err := netns.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(name) }); err != nil {
+			if err := netns.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(name, "") }); err != nil {
 				t.Errorf("deleting tap %q in netns %s: %v", name, netns.Name, err)
 			}
 		})

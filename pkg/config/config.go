@@ -230,11 +230,7 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		if k.QueueSize != 0 && (k.QueueSize < 2 || k.QueueSize > 32768 || k.QueueSize&(k.QueueSize-1) != 0) {
 			return nil, invalid("kataDan.queueSize", "%d is not a power of two in 2-32768", k.QueueSize)
 		}
-		// runtime-rs opens the tap by name: queues napitapd held as well
-		// would take traffic nobody reads (DESIGN.md fact 7).
-		if c.HandoffSocket != "" {
-			return nil, invalid("kataDan", `needs "handoff": {"disabled": true}: Kata opens the tap itself`)
-		}
+
 	}
 
 	if nc.RawPrevResult != nil {
@@ -422,10 +418,21 @@ func (c *Config) hasGuestEntry() bool {
 	return false
 }
 
-// RequirePeer checks, for ADD and CHECK, that a chained wiring has the
-// previous plugin's interface to join. DEL skips it: old spec versions send
-// DEL without prevResult, and DEL must clean up anyway.
-func (c *Config) RequirePeer() error {
+// RequireAddable checks what only ADD and CHECK need: a chained wiring has
+// the previous plugin's interface to join, and no two settings fight. DEL
+// skips it: old spec versions send DEL without prevResult, a config written
+// before a rule existed must still be deletable, and DEL must clean up
+// anyway.
+func (c *Config) RequireAddable() error {
+	// runtime-rs opens the tap by name: queues napitapd held as well would
+	// take traffic nobody reads (DESIGN.md fact 7).
+	if c.KataDanDir != "" && c.HandoffSocket != "" {
+		return invalid("kataDan", `needs "handoff": {"disabled": true}: Kata opens the tap itself`)
+	}
+	return c.requirePeer()
+}
+
+func (c *Config) requirePeer() error {
 	if c.Wiring == WiringNone {
 		return nil
 	}

@@ -602,10 +602,10 @@ func TestWiring(t *testing.T) {
 			if c.Bridge != tt.bridge {
 				t.Errorf("Bridge = %q, want %q", c.Bridge, tt.bridge)
 			}
-			err := c.RequirePeer()
+			err := c.RequireAddable()
 			if tt.requirePeer == "" {
 				if err != nil {
-					t.Errorf("RequirePeer() = %v, want nil", err)
+					t.Errorf("RequireAddable() = %v, want nil", err)
 				}
 				return
 			}

@@ -559,7 +559,7 @@ func TestFetchOfAVanishedTap(t *testing.T) {
 		vanish func(t *testing.T, pod *nstest.NetNS, tap string)
 	}{
 		{"a fetch after the tap was deleted is unavailable", func(t *testing.T, pod *nstest.NetNS, tap string) {
-			pod.Run(t, func() error { return tapsetup.DeleteTap(tap) })
+			pod.Run(t, func() error { return tapsetup.DeleteTap(tap, "") })
 		}},
 		{"a fetch after the netns was replaced at the same path is unavailable", func(t *testing.T, pod *nstest.NetNS, tap string) {
 			replaceNetns(t, pod)
@@ -913,7 +913,7 @@ func TestSweep(t *testing.T) {
 			register(t, c, attachmentFor(pod, key, "net-a", tap, 4), newTap(t, pod, tap, 4, nil, nil))
 			waitFDs(t, base+4, "after register")
 			if tc.deleteTap {
-				pod.Run(t, func() error { return tapsetup.DeleteTap(tap) })
+				pod.Run(t, func() error { return tapsetup.DeleteTap(tap, "") })
 			}
 			if tc.replaceNetns {
 				replaceNetns(t, pod)

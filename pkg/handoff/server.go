@@ -43,6 +43,12 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("state dir %s: %w", stateDir, err)
 	}
 	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}}
+	// A napitapd killed between write and rename leaves these behind.
+	if tmps, _ := filepath.Glob(filepath.Join(stateDir, "*.json.tmp")); len(tmps) > 0 {
+		for _, tmp := range tmps {
+			_ = os.Remove(tmp)
+		}
+	}
 	paths, err := filepath.Glob(filepath.Join(stateDir, "*.json"))
 	if err != nil {
 		return nil, err

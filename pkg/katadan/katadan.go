@@ -32,7 +32,14 @@ type Device struct {
 	GuestMAC    string      `json:"guest_mac,omitempty"`
 	Device      HostTap     `json:"device"`
 	NetworkInfo NetworkInfo `json:"network_info"`
-	Network     string      `json:"napitap_network,omitempty"`
+
+	// napitap's own, for GC after a runtime that never called DEL: which
+	// network wrote the entry and how the tap was wired. runtime-rs ignores
+	// them.
+	Network    string `json:"napitap_network,omitempty"`
+	Wiring     string `json:"napitap_wiring,omitempty"`
+	Bridge     string `json:"napitap_bridge,omitempty"`
+	NetnsInode uint64 `json:"napitap_netns_inode,omitempty"`
 }
 
 // HostTap is a tap runtime-rs opens by name in the sandbox netns.
@@ -82,23 +89,40 @@ func Remove(dir, sandboxID, name string) error {
 	})
 }
 
-// GC drops napitap's devices of network from every sandbox not in keep.
-func GC(dir, network string, keep func(sandboxID string) bool) error {
+// Entry is one device of one sandbox's file.
+type Entry struct {
+	Sandbox string
+	Netns   string
+	Device
+}
+
+// Stale lists napitap's devices of network that keep does not want.
+func Stale(dir, network string, keep func(sandboxID, name string) bool) ([]Entry, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var errs []error
+	var stale []Entry
 	for _, p := range paths {
-		sandbox := filepath.Base(p[:len(p)-len(".json")])
-		if keep(sandbox) {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		errs = append(errs, update(dir, sandbox, func(f *File) {
-			f.Devices = without(f.Devices, func(d Device) bool { return d.Network == network })
-		}))
+		if err != nil {
+			return nil, fmt.Errorf("DAN file %s: %w", p, err)
+		}
+		var f File
+		if err := json.Unmarshal(b, &f); err != nil {
+			continue // not ours to judge
+		}
+		sandbox := filepath.Base(p[:len(p)-len(".json")])
+		for _, d := range f.Devices {
+			if d.Network == network && !keep(sandbox, d.Name) {
+				stale = append(stale, Entry{Sandbox: sandbox, Netns: f.Netns, Device: d})
+			}
+		}
 	}
-	return errors.Join(errs...)
+	return stale, nil
 }
 
 func without(devs []Device, drop func(Device) bool) []Device {
@@ -128,6 +152,12 @@ func update(dir, sandboxID string, change func(*File)) error {
 		return fmt.Errorf("DAN dir %s: lock: %w", dir, err)
 	}
 
+	// A writer killed between write and rename leaves this behind.
+	tmp := path + ".tmp"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("DAN file %s: %w", path, err)
+	}
+
 	var f File
 	switch b, err := os.ReadFile(path); {
 	case errors.Is(err, os.ErrNotExist):
@@ -150,7 +180,6 @@ func update(dir, sandboxID string, change func(*File)) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return fmt.Errorf("DAN file %s: %w", path, err)
 	}

@@ -3,6 +3,7 @@ package katadan_test
 import (
 	"encoding/json"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 
@@ -115,22 +116,38 @@ func TestConcurrentPutsLoseNothing(t *testing.T) {
 	}
 }
 
-func TestGCKeepsValidSandboxesAndOtherNetworks(t *testing.T) {
+func TestStaleListsOnlyThisNetworksUnwantedDevices(t *testing.T) {
 	dir := t.TempDir()
 	for _, step := range []struct{ sandbox, name, network string }{
-		{"valid", "net1", "a"}, {"stale", "net1", "a"}, {"stale", "net2", "b"},
+		{"valid", "net1", "a"}, {"valid", "net4", "a"}, {"stale", "net1", "a"}, {"stale", "net2", "b"},
 	} {
 		if err := katadan.Put(dir, step.sandbox, "/run/netns/x", device(step.name, step.network)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := katadan.GC(dir, "a", func(sandbox string) bool { return sandbox == "valid" }); err != nil {
+	stale, err := katadan.Stale(dir, "a", func(sandbox, name string) bool { return sandbox == "valid" && name == "net1" })
+	if err != nil {
 		t.Fatal(err)
 	}
-	if f := read(t, dir, "valid"); f == nil || len(f.Devices) != 1 {
-		t.Errorf("valid sandbox: %+v, want its device kept", f)
+	var got []string
+	for _, e := range stale {
+		got = append(got, e.Sandbox+"/"+e.Name)
 	}
-	if f := read(t, dir, "stale"); f == nil || len(f.Devices) != 1 || f.Devices[0].Network != "b" {
-		t.Errorf("stale sandbox: %+v, want only network b's device left", f)
+	slices.Sort(got)
+	if want := []string{"stale/net1", "valid/net4"}; !slices.Equal(got, want) {
+		t.Errorf("stale %v, want %v", got, want)
+	}
+}
+
+func TestALeftoverTempFileIsCleanedUp(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(katadan.Path(dir, "sb1")+".tmp", []byte("{half"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := katadan.Remove(dir, "sb1", "net1"); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("DAN dir: %v, want empty", entries)
 	}
 }

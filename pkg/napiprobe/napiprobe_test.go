@@ -89,7 +89,7 @@ func TestRun(t *testing.T) {
 				// device, then (nstest's earlier cleanup) the netns.
 				t.Cleanup(func() {
 					tapsetup.CloseQueues(queues)
-					if err := netns.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(tapName) }); err != nil {
+					if err := netns.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(tapName, "") }); err != nil {
 						t.Errorf("deleting tap %q in netns %s: %v", tapName, netns.Name, err)
 					}
 				})

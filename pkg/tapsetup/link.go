@@ -76,13 +76,19 @@ func ValidateLinkName(name string) error {
 	return nil
 }
 
-// ErrNotTap marks a link that exists under the tap's name but is no tap;
-// napitap never deletes such a link.
+// ErrNotTap marks a link that exists under the tap's name but is no tap,
+// or not this attachment's; napitap never deletes such a link.
 var ErrNotTap = errors.New("not a tap")
 
+// OwnerAlias is the ifalias that marks the tap of one attachment.
+func OwnerAlias(containerID, ifName string) string {
+	return "napitap:" + containerID + "/" + ifName
+}
+
 // DeleteTap removes the tap name from the current netns. A missing link is
-// success; a link that is not a tuntap is left alone and reported.
-func DeleteTap(name string) error {
+// success. A link that is not a tuntap, or, when owner is given, a tap
+// whose alias is not owner, is left alone and reported with ErrNotTap.
+func DeleteTap(name, owner string) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		if isNotFound(err) {
@@ -92,6 +98,9 @@ func DeleteTap(name string) error {
 	}
 	if _, ok := link.(*netlink.Tuntap); !ok {
 		return fmt.Errorf("tap %q: %w: it is a %s link", name, ErrNotTap, link.Type())
+	}
+	if owner != "" && link.Attrs().Alias != owner {
+		return fmt.Errorf("tap %q: %w of %q: it belongs to %q", name, ErrNotTap, owner, link.Attrs().Alias)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("tap %q: delete: %w", name, err)

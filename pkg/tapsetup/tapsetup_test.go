@@ -95,7 +95,7 @@ func TestCreate(t *testing.T) {
 				if tc.spec.TxQueueLen != nil && attrs.TxQLen != *tc.spec.TxQueueLen {
 					t.Errorf("txqueuelen %d, want %d", attrs.TxQLen, *tc.spec.TxQueueLen)
 				}
-				return tapsetup.DeleteTap(tc.spec.Name)
+				return tapsetup.DeleteTap(tc.spec.Name, "")
 			})
 		})
 	}
@@ -209,7 +209,7 @@ func TestWireRedirectAndUnwire(t *testing.T) {
 			}
 		}
 
-		if err := tapsetup.DeleteTap("napitest0"); err != nil {
+		if err := tapsetup.DeleteTap("napitest0", ""); err != nil {
 			return err
 		}
 		if err := tapsetup.UnwireRedirect("napipeer0"); err != nil {
@@ -238,10 +238,10 @@ func TestDeleteTapLeavesOtherLinksAlone(t *testing.T) {
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}); err != nil {
 			return err
 		}
-		if err := tapsetup.DeleteTap("napitest0"); !errors.Is(err, tapsetup.ErrNotTap) {
+		if err := tapsetup.DeleteTap("napitest0", ""); !errors.Is(err, tapsetup.ErrNotTap) {
 			t.Errorf("DeleteTap of a bridge: got %v, want ErrNotTap", err)
 		}
-		if err := tapsetup.DeleteTap("napimissing0"); err != nil {
+		if err := tapsetup.DeleteTap("napimissing0", ""); err != nil {
 			t.Errorf("DeleteTap of a missing link: %v", err)
 		}
 		return nil

@@ -54,6 +54,9 @@ type Spec struct {
 	MTU         int              // 0 keeps the kernel default
 	MAC         net.HardwareAddr // nil keeps the kernel's random MAC
 	TxQueueLen  *int
+	// Alias marks the tap as one attachment's (OwnerAlias), so that DEL
+	// and GC never take another attachment's tap for theirs.
+	Alias string
 }
 
 // Features returns the TUNGETFEATURES mask of this kernel.
@@ -184,6 +187,11 @@ func applyLinkAttrs(link netlink.Link, spec Spec) error {
 	if spec.TxQueueLen != nil {
 		if err := netlink.LinkSetTxQLen(link, *spec.TxQueueLen); err != nil {
 			return fmt.Errorf("tap %q: set txqueuelen %d: %w", spec.Name, *spec.TxQueueLen, err)
+		}
+	}
+	if spec.Alias != "" {
+		if err := netlink.LinkSetAlias(link, spec.Alias); err != nil {
+			return fmt.Errorf("tap %q: set alias %q: %w", spec.Name, spec.Alias, err)
 		}
 	}
 	return nil

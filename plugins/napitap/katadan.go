@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -29,6 +28,9 @@ func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Resul
 		},
 		NetworkInfo: katadan.NetworkInfo{Interface: katadan.Interface{NType: "tuntap", IPAddresses: []string{}}, Routes: []katadan.Route{}, Neighbors: []any{}},
 		Network:     conf.Name,
+		Wiring:      conf.Wiring,
+		Bridge:      conf.Bridge,
+		NetnsInode:  netnsInode(args.Netns),
 	}
 	// The guest is the last interface of the result: the guest NIC entry
 	// when chained, the tap itself otherwise.
@@ -58,19 +60,6 @@ func removeKataDan(conf *config.Config, args *skel.CmdArgs) error {
 		return nil
 	}
 	if err := katadan.Remove(conf.KataDanDir, args.ContainerID, args.IfName); err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
-	}
-	return nil
-}
-
-func gcKataDan(conf *config.Config) error {
-	if conf.KataDanDir == "" {
-		return nil
-	}
-	keep := func(sandbox string) bool {
-		return slices.ContainsFunc(conf.ValidAttachments, func(a types.GCAttachment) bool { return a.ContainerID == sandbox })
-	}
-	if err := katadan.GC(conf.KataDanDir, conf.Name, keep); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
 	}
 	return nil

@@ -45,7 +45,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := conf.RequirePeer(); err != nil {
+	if err := conf.RequireAddable(); err != nil {
 		return err
 	}
 	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
@@ -80,6 +80,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	var guestMAC net.HardwareAddr
 	err = netns.Do(func(ns.NetNS) (err error) {
 		spec := tapSpec(conf)
+		spec.Alias = tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		var peer netlink.Link
 		if conf.PeerIfName != "" {
 			if peer, err = netlinksafe.LinkByName(conf.PeerIfName); err != nil {
@@ -103,7 +104,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		defer tapsetup.CloseQueues(queues)
 		defer func() {
 			if err != nil {
-				_ = tapsetup.DeleteTap(conf.TapName)
+				_ = tapsetup.DeleteTap(conf.TapName, spec.Alias)
 			}
 		}()
 
@@ -233,7 +234,7 @@ func cmdDel(args *skel.CmdArgs) error {
 			return err
 		}
 		for _, name := range tapsToDelete(conf, args.IfName) {
-			if err := tapsetup.DeleteTap(name); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			if err := tapsetup.DeleteTap(name, tapsetup.OwnerAlias(args.ContainerID, args.IfName)); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
 				return err
 			}
 		}
@@ -297,7 +298,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := conf.RequirePeer(); err != nil {
+	if err := conf.RequireAddable(); err != nil {
 		return err
 	}
 	netns, err := openNetNS(args.Netns)

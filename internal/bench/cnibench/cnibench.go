@@ -1,7 +1,608 @@
-// Package cnibench is napitap-bench cnibench.
+// Package cnibench is `napitap-bench cni`: ADD and DEL latency (p50, p99)
+// and peak RSS of napitap against the reference tap plugin, each plugin
+// exec'd as a runtime does, interleaved in one run; then bursts of pods
+// added and deleted concurrently with their queues handed to a napitapd.
+// It writes cni.md and cni-latency.svg under --out.
 package cnibench
 
-import "errors"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/internal/bench/cnibench/launch"
+	"github.com/napitap/napitap/internal/nstest"
+)
+
+const (
+	cniVersion  = "1.1.0"
+	networkName = "napitap-bench"
+	// The bench stops early once this many ADD/DEL have failed.
+	maxFailures = 20
+	// How many failure messages the report quotes.
+	quotedFailures = 10
+)
+
+// Binaries the bench execs; all must be in the bin dir.
+var binaries = []string{"napitap", "napitapd", "bridge", "host-local", "tap"}
+
+type options struct {
+	iterations, warmup int
+	bursts             []int
+	out, bin           string
+	strace             bool
+	args               []string
+}
+
+func parseFlags(args []string) (*options, error) {
+	fs := flag.NewFlagSet("napitap-bench cni", flag.ContinueOnError)
+	o := &options{args: args}
+	fs.IntVar(&o.iterations, "iterations", 200, "interleaved ADD+DEL rounds of every variant")
+	fs.IntVar(&o.warmup, "warmup", 3, "unrecorded rounds before the measured ones")
+	bursts := fs.String("bursts", "1,50,200", "pods per concurrent burst, comma-separated (empty: no bursts)")
+	fs.StringVar(&o.out, "out", "docs/bench", "directory for cni.md and cni-latency.svg")
+	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(binaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
+	fs.BoolVar(&o.strace, "strace", false, "afterwards, run one ADD and DEL of the tap plugin and of napitap (b4, d) under strace -f -tt -T; traces and a per-syscall summary go to --out")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: napitap-bench cni [flags]   (as root)\n\n"+
+			"ADD/DEL latency and peak RSS: (a) reference tap plugin, (b) napitap 1 plain queue, (b4) napitap 4 NAPI queues,\n"+
+			"(c) bridge + napitap 4 NAPI tc-redirect, (d) the same with hand-off to napitapd; then concurrent bursts.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.iterations < 1 || o.warmup < 0 {
+		return nil, fmt.Errorf("--iterations must be at least 1 and --warmup at least 0")
+	}
+	for _, f := range strings.Split(*bursts, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1000 {
+			return nil, fmt.Errorf("--bursts: %q is not a pod count in 1..1000", f)
+		}
+		o.bursts = append(o.bursts, n)
+	}
+	return o, nil
+}
 
 // Main runs the benchmark with command-line args.
-func Main(args []string) error { return errors.New("not implemented yet") }
+func Main(args []string) error {
+	if os.Getenv(launcherEnv) == "1" {
+		return launch.Serve(os.Stdin, os.Stdout)
+	}
+	opt, err := parseFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b := &bench{opt: opt, suffix: nstest.RandomSuffix()}
+	err = b.run(ctx)
+	if cerr := b.cleanup(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// bench is one run: what it made (to undo) and what it measured.
+type bench struct {
+	opt      *options
+	suffix   string
+	tmp      string
+	binDir   string
+	build    string
+	host     *netNS
+	daemon   *daemon
+	launcher *launcher
+
+	undo []func() error // LIFO
+
+	mu       sync.Mutex
+	failures int
+	messages []string
+}
+
+func (b *bench) onCleanup(fn func() error) { b.undo = append(b.undo, fn) }
+
+// cleanup undoes everything in reverse, whatever failed before.
+func (b *bench) cleanup() error {
+	var errs []error
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		if err := b.undo[i](); err != nil {
+			fmt.Fprintln(os.Stderr, "napitap-bench cni: cleanup:", err)
+			errs = append(errs, err)
+		}
+	}
+	b.undo = nil
+	return errors.Join(errs...)
+}
+
+func (b *bench) fail(format string, a ...any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures++
+	if len(b.messages) < quotedFailures {
+		b.messages = append(b.messages, fmt.Sprintf(format, a...))
+	}
+	fmt.Fprintf(os.Stderr, "napitap-bench cni: FAIL: "+format+"\n", a...)
+}
+
+func (b *bench) failed() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failures
+}
+
+func (b *bench) run(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces, taps)")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		return fmt.Errorf("needs /dev/net/tun: %w", err)
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return errors.New("needs ip (iproute2) for ip netns")
+	}
+	if err := os.MkdirAll(b.opt.out, 0o755); err != nil {
+		return err
+	}
+	rep := &Report{
+		CommandLine: commandLine(b.opt.args),
+		Started:     time.Now(),
+		Machine:     machineInfo(),
+		Iterations:  b.opt.iterations,
+		Warmup:      b.opt.warmup,
+	}
+	var err error
+	if b.tmp, err = os.MkdirTemp("", "napitap-bench-cni-"); err != nil {
+		return err
+	}
+	b.onCleanup(func() error { return os.RemoveAll(b.tmp) })
+
+	if err := b.binaries(ctx); err != nil {
+		return err
+	}
+	rep.Build = b.build
+
+	if b.host, err = b.newNetNS("host"); err != nil {
+		return err
+	}
+	if err := b.host.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		return fmt.Errorf("host netns: lo up: %w", err)
+	}
+	if b.launcher, err = b.startLauncher(); err != nil {
+		return err
+	}
+	if b.daemon, err = b.startDaemon(); err != nil {
+		return err
+	}
+
+	variants, err := b.variants()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "napitap-bench cni: %d variants, %d warm-up + %d iterations, bins in %s\n", len(variants), b.opt.warmup, b.opt.iterations, b.binDir)
+	loopErr := b.interleaved(ctx, variants)
+	for _, v := range variants {
+		rep.Variants = append(rep.Variants, *v.res)
+	}
+	rep.RSSFloor = b.launcherHWM()
+	if loopErr == nil {
+		b.checkLeftovers(variants)
+		if rep.DaemonIdle, err = b.daemon.stats(); err != nil {
+			b.fail("napitapd stats: %v", err)
+		}
+		if len(b.opt.bursts) > 0 {
+			rep.Bursts, loopErr = b.bursts(ctx)
+			rep.BurstRSSFloor = b.launcherHWM()
+		}
+	}
+	if loopErr == nil && b.opt.strace {
+		rep.Profiles, loopErr = b.profile(ctx, variants)
+	}
+
+	rep.Machine.LoadEnd = loadAvg()
+	rep.Elapsed = time.Since(rep.Started)
+	rep.FailureCount, rep.Failures = b.failed(), b.messages
+	md, svg := rep.Markdown(), rep.SVG()
+	if err := os.WriteFile(filepath.Join(b.opt.out, "cni.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(b.opt.out, "cni-latency.svg"), []byte(svg), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	fmt.Fprintf(os.Stderr, "napitap-bench cni: wrote %s and %s\n", filepath.Join(b.opt.out, "cni.md"), filepath.Join(b.opt.out, "cni-latency.svg"))
+	if loopErr != nil {
+		return loopErr
+	}
+	if n := rep.FailureCount; n > 0 {
+		return fmt.Errorf("%d ADD/DEL failures (see %s)", n, filepath.Join(b.opt.out, "cni.md"))
+	}
+	return nil
+}
+
+// binaries finds or builds every plugin the bench execs.
+func (b *bench) binaries(ctx context.Context) error {
+	if b.opt.bin != "" {
+		dir, err := filepath.Abs(b.opt.bin)
+		if err != nil {
+			return err
+		}
+		for _, name := range binaries {
+			if !isExecutable(filepath.Join(dir, name)) {
+				return fmt.Errorf("--bin %s: no executable %s", dir, name)
+			}
+		}
+		b.binDir, b.build = dir, "prebuilt, --bin "+dir
+		if !isExecutable(filepath.Join(dir, launcherBin)) {
+			b.build += " (no " + launcherBin + " there: the bench re-execs itself to launch plugins, a higher RSS floor)"
+		}
+		return nil
+	}
+	b.binDir = filepath.Join(b.tmp, "bin")
+	start := time.Now()
+	fmt.Fprintln(os.Stderr, "napitap-bench cni: building napitap, napitapd, bridge, host-local and tap ...")
+	desc, err := buildAll(ctx, b.binDir)
+	if err != nil {
+		return err
+	}
+	b.build = desc
+	fmt.Fprintf(os.Stderr, "napitap-bench cni: built in %s\n", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// launcherHWM is the launcher's VmHWM: the floor of the RSS it reports.
+func (b *bench) launcherHWM() int64 {
+	st, err := procStats(b.launcher.pid())
+	if err != nil {
+		b.fail("launcher stats: %v", err)
+	}
+	return st.VmHWM
+}
+
+// --- network namespaces
+
+type netNS struct {
+	ns.NetNS
+	Name string
+}
+
+// newNetNS makes /run/netns/napitap-bench-<suffix>-<role>; cleanup deletes it.
+func (b *bench) newNetNS(role string) (*netNS, error) {
+	name := "napitap-bench-" + b.suffix + "-" + role
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
+	}
+	b.onCleanup(func() error {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip netns del %s: %v: %s", name, err, bytes.TrimSpace(out))
+		}
+		return nil
+	})
+	h, err := ns.GetNS(filepath.Join("/run/netns", name))
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", name, err)
+	}
+	b.onCleanup(h.Close)
+	return &netNS{NetNS: h, Name: name}, nil
+}
+
+// links lists the links of a netns other than lo.
+func (n *netNS) links() ([]string, error) {
+	var names []string
+	err := n.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				names = append(names, l.Attrs().Name+"/"+l.Type())
+			}
+		}
+		return nil
+	})
+	return names, err
+}
+
+// --- plugin execs
+
+// run is one plugin process.
+type run struct {
+	Wall   time.Duration
+	CPU    time.Duration // user+sys
+	Sys    time.Duration
+	MaxRSS int64 // bytes
+	Stdout []byte
+	Err    error
+}
+
+type invocation struct {
+	Plugin, Command, ContainerID, Netns, IfName string
+	Conf                                        []byte
+}
+
+// exec runs one plugin through the launcher, from the host netns, as
+// libcni's invoke.RawExec does: CNI_* in the environment, the config on
+// stdin, the result on stdout. wrap, if any, is a command line (strace)
+// the plugin runs under.
+func (b *bench) exec(ctx context.Context, inv invocation, wrap []string) run {
+	if err := ctx.Err(); err != nil {
+		return run{Err: err}
+	}
+	res, err := b.launcher.batch([]launch.Req{b.request(inv, wrap)})
+	if err != nil {
+		return run{Err: err}
+	}
+	return toRun(inv, res.Results[0])
+}
+
+// request is the exec of inv: the environment is invoke.Args.AsEnv's, the
+// bench's own with the CNI_* variables set; the launcher adds the rest of
+// it (baseEnv) to the CNI_* ones sent here.
+func (b *bench) request(inv invocation, wrap []string) launch.Req {
+	var env []string
+	for _, kv := range (&invoke.Args{
+		Command:     inv.Command,
+		ContainerID: inv.ContainerID,
+		NetNS:       inv.Netns,
+		IfName:      inv.IfName,
+		Path:        b.binDir,
+	}).AsEnv() {
+		if strings.HasPrefix(kv, "CNI_") {
+			env = append(env, kv)
+		}
+	}
+	argv := append(append([]string(nil), wrap...), filepath.Join(b.binDir, inv.Plugin))
+	return launch.Req{Argv: argv, Env: env, Stdin: inv.Conf}
+}
+
+// baseEnv is the bench's environment without CNI_* variables.
+func baseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CNI_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func toRun(inv invocation, res launch.Res) run {
+	r := run{Wall: res.Wall, CPU: res.CPU, Sys: res.Sys, MaxRSS: res.MaxRSS, Stdout: res.Stdout}
+	switch {
+	case res.Err != "":
+		r.Err = errors.New(res.Err)
+	case res.Signal != "":
+		r.Err = pluginError(fmt.Errorf("killed by %s", res.Signal), res.Stdout, res.Stderr)
+	case res.Status != 0:
+		r.Err = pluginError(fmt.Errorf("exit status %d", res.Status), res.Stdout, res.Stderr)
+	case inv.Command == "ADD" && !json.Valid(res.Stdout):
+		r.Err = fmt.Errorf("ADD printed no JSON result: %q", trim(res.Stdout))
+	}
+	return r
+}
+
+// pluginError prefers the CNI error the plugin printed.
+func pluginError(err error, stdout, stderr []byte) error {
+	var cniErr types.Error
+	if json.Unmarshal(stdout, &cniErr) == nil && cniErr.Msg != "" {
+		return fmt.Errorf("%v: CNI error %d: %s %s (stderr %q)", err, cniErr.Code, cniErr.Msg, cniErr.Details, trim(stderr))
+	}
+	return fmt.Errorf("%v: stdout %q, stderr %q", err, trim(stdout), trim(stderr))
+}
+
+func trim(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 400 {
+		s = s[:400] + "..."
+	}
+	return s
+}
+
+// --- napitapd
+
+type daemon struct {
+	cmd    *exec.Cmd
+	socket string
+	log    string
+	done   chan struct{}
+	err    error
+}
+
+// startDaemon runs napitapd on a socket and state dir of the run's own;
+// cleanup stops it by its PID.
+func (b *bench) startDaemon() (*daemon, error) {
+	dir := filepath.Join(b.tmp, "napitapd")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	d := &daemon{socket: filepath.Join(dir, "napitapd.sock"), log: filepath.Join(dir, "napitapd.log"), done: make(chan struct{})}
+	logf, err := os.Create(d.log)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	// A sweep lists every attachment's netns and tap; keep it out of the timings.
+	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h")
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start napitapd: %w", err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.done) }()
+	b.onCleanup(d.stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, err := os.Stat(d.socket); err == nil && st.Mode()&os.ModeSocket != 0 {
+			return d, nil
+		}
+		select {
+		case <-d.done:
+			return nil, fmt.Errorf("napitapd exited at start: %v: %s", d.err, d.logTail())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("napitapd: no socket %s after 10 s: %s", d.socket, d.logTail())
+		}
+	}
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+func (d *daemon) alive() bool {
+	select {
+	case <-d.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends SIGTERM to napitapd's PID, then SIGKILL after 5 s.
+func (d *daemon) stop() error {
+	if !d.alive() {
+		return fmt.Errorf("napitapd had exited: %v: %s", d.err, d.logTail())
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		return nil
+	case <-time.After(5 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		return fmt.Errorf("napitapd (pid %d) ignored SIGTERM for 5 s; killed", d.pid())
+	}
+}
+
+func (d *daemon) logTail() string {
+	b, _ := os.ReadFile(d.log)
+	if len(b) > 1000 {
+		b = b[len(b)-1000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stats reads napitapd's VmRSS, VmHWM and open fds from /proc.
+func (d *daemon) stats() (DaemonStats, error) {
+	return procStats(d.pid())
+}
+
+func procStats(pid int) (DaemonStats, error) {
+	var s DaemonStats
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	s.VmRSS, s.VmHWM = statusKiB(status, "VmRSS")*1024, statusKiB(status, "VmHWM")*1024
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return s, err
+	}
+	s.FDs = len(fds)
+	return s, nil
+}
+
+// statusKiB reads "Key:   1234 kB" from /proc/<pid>/status.
+func statusKiB(status []byte, key string) int64 {
+	for _, line := range strings.Split(string(status), "\n") {
+		rest, ok := strings.CutPrefix(line, key+":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		return n
+	}
+	return 0
+}
+
+// --- machine
+
+func commandLine(args []string) string {
+	parts := []string{"napitap-bench", "cni"}
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$\\;&|<>*?") {
+			a = strconv.Quote(a)
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
+func machineInfo() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), CPUModel: "unknown", LoadStart: loadAvg()}
+	var u syscall.Utsname
+	if syscall.Uname(&u) == nil {
+		m.Kernel, m.KernelVersion = utsString(u.Release[:]), utsString(u.Version[:])
+	}
+	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(info), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+func utsString(b []int8) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s.WriteByte(byte(c))
+	}
+	return s.String()
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}

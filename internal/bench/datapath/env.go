@@ -265,7 +265,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock bool) 
 func (t *podTap) destroy() error {
 	tapsetup.CloseQueues(t.queues)
 	t.queues, t.fds = nil, nil
-	if err := t.ns.do(func() error { return tapsetup.DeleteTap(t.name) }); err != nil {
+	if err := t.ns.do(func() error { return tapsetup.DeleteTap(t.name, "") }); err != nil {
 		return fmt.Errorf("netns %s: %w", t.ns.name, err)
 	}
 	gone, err := t.ns.linkGone(t.name)

@@ -1,0 +1,488 @@
+package cnibench
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Machine describes where the numbers were taken.
+type Machine struct {
+	CPUs          int
+	Kernel        string // uname -r
+	KernelVersion string // uname -v
+	CPUModel      string
+	GoVersion     string
+	LoadStart     string // /proc/loadavg when the run began
+	LoadEnd       string // and when it ended
+}
+
+// VariantResult is one configuration measured in the interleaved loop.
+type VariantResult struct {
+	ID, Label string
+	Plugins   []string // plugin types, in chain order
+	Config    string   // the plugin configs as the bench wrote them
+	Reference bool     // the baseline the ratios are taken against
+	// Add and Del time the whole chain; AddSteps and DelSteps each plugin
+	// exec of it alone, in chain order (DEL runs them in reverse).
+	Add, Del                 Series
+	AddSteps, DelSteps       []Series
+	AddFailures, DelFailures int
+}
+
+// Step returns the index of plugin typ in the chain, or -1.
+func (v *VariantResult) Step(typ string) int {
+	for i, p := range v.Plugins {
+		if p == typ {
+			return i
+		}
+	}
+	return -1
+}
+
+// Chained reports whether the variant is more than one plugin.
+func (v *VariantResult) Chained() bool { return len(v.Plugins) > 1 }
+
+// DaemonStats is napitapd's memory and fds at one moment.
+type DaemonStats struct {
+	VmRSS, VmHWM int64 // bytes
+	FDs          int
+}
+
+// BurstResult is one burst of pods added, then deleted, concurrently.
+type BurstResult struct {
+	Pods                     int
+	AddWall, DelWall         time.Duration
+	Add, Del                 Series
+	AddFailures, DelFailures int
+	// Holding is napitapd while it holds the burst's attachments;
+	// HeldAttachments and HeldQueues are what its list op reported then.
+	Holding                     DaemonStats
+	HeldAttachments, HeldQueues int
+	After                       DaemonStats // after the DEL burst
+}
+
+// Report is everything one run measured.
+type Report struct {
+	CommandLine        string
+	Started            time.Time
+	Elapsed            time.Duration
+	Machine            Machine
+	Build              string
+	Iterations, Warmup int
+	Variants           []VariantResult
+	Bursts             []BurstResult
+	DaemonIdle         DaemonStats // napitapd before any burst, after the interleaved loop
+	// RSSFloor is the launcher's VmHWM after the interleaved loop, and
+	// BurstRSSFloor after the bursts: every peak RSS reported is at least
+	// the floor of its phase (see package launch), so one at or below it
+	// is only a bound.
+	RSSFloor, BurstRSSFloor int64
+	Profiles                []Profile
+	FailureCount            int
+	Failures                []string // the first few, verbatim
+}
+
+// Goal is one target from the issue, checked against the run.
+type Goal struct {
+	Name, Measured, Target string
+	Met, Known             bool
+}
+
+func (r *Report) Variant(id string) *VariantResult {
+	for i := range r.Variants {
+		if r.Variants[i].ID == id {
+			return &r.Variants[i]
+		}
+	}
+	return nil
+}
+
+func (r *Report) reference() *VariantResult {
+	for i := range r.Variants {
+		if r.Variants[i].Reference {
+			return &r.Variants[i]
+		}
+	}
+	return nil
+}
+
+// NapitapPeakRSS is the largest ru_maxrss of any napitap exec, bursts included.
+func (r *Report) NapitapPeakRSS() int64 {
+	var peak int64
+	for i := range r.Variants {
+		v := &r.Variants[i]
+		if s := v.Step("napitap"); s >= 0 {
+			peak = max(peak, v.AddSteps[s].MaxRSS, v.DelSteps[s].MaxRSS)
+		}
+	}
+	for _, b := range r.Bursts {
+		peak = max(peak, b.Add.MaxRSS, b.Del.MaxRSS)
+	}
+	return peak
+}
+
+// Goals checks the run against the issue's targets: napitap with 4 NAPI
+// queues, standalone, against the reference plugin in the same run.
+func (r *Report) Goals() []Goal {
+	var goals []Goal
+	ref, b4 := r.reference(), r.Variant("b4")
+	ratioGoal := func(name string, pick func(*VariantResult) Series) {
+		g := Goal{Name: name, Target: "<= 1.00x"}
+		if ref != nil && b4 != nil {
+			a, n := pick(ref), pick(b4)
+			if len(a.Wall) > 0 && len(n.Wall) > 0 {
+				ratio := Ratio(Percentile(n.Wall, 50), Percentile(a.Wall, 50))
+				g.Measured = fmt.Sprintf("%s (%s vs %s)", fmtRatio(ratio), fmtDur(Percentile(n.Wall, 50)), fmtDur(Percentile(a.Wall, 50)))
+				g.Met, g.Known = ratio <= 1.0, true
+			}
+		}
+		goals = append(goals, g)
+	}
+	ratioGoal("napitap 4-queue ADD p50 / tap ADD p50", func(v *VariantResult) Series { return v.Add })
+	ratioGoal("napitap 4-queue DEL p50 / tap DEL p50", func(v *VariantResult) Series { return v.Del })
+
+	g := Goal{Name: "napitap plugin peak RSS (any exec)", Target: "< 30 MiB"}
+	if peak := r.NapitapPeakRSS(); peak > 0 {
+		g.Measured, g.Met, g.Known = fmtMiB(peak), peak < 30*mib, true
+		if peak <= max(r.RSSFloor, r.BurstRSSFloor) {
+			g.Measured = "<= " + g.Measured + " (at the launcher's floor)"
+		}
+	}
+	goals = append(goals, g)
+
+	g = Goal{Name: "napitapd memory holding 200 attachments (VmHWM)", Target: "< 50 MiB"}
+	var biggest *BurstResult
+	for i := range r.Bursts {
+		if biggest == nil || r.Bursts[i].Pods > biggest.Pods {
+			biggest = &r.Bursts[i]
+		}
+	}
+	if biggest != nil && biggest.Holding.VmHWM > 0 {
+		if biggest.Pods != 200 {
+			g.Name = fmt.Sprintf("napitapd memory holding %d attachments (VmHWM; the goal names 200)", biggest.Pods)
+		}
+		g.Measured = fmt.Sprintf("%s (VmRSS %s)", fmtMiB(biggest.Holding.VmHWM), fmtMiB(biggest.Holding.VmRSS))
+		g.Met, g.Known = biggest.Holding.VmHWM < 50*mib, true
+	}
+	goals = append(goals, g)
+	return goals
+}
+
+// Markdown renders the report.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+
+	p("# napitap-bench cni\n\n")
+	if r.FailureCount > 0 {
+		p("**FAILED: %d ADD/DEL failures; the numbers below are not valid.**\n\n", r.FailureCount)
+	}
+	p("```\n%s\n```\n\n", r.CommandLine)
+	m := r.Machine
+	p("| machine | |\n|---|---|\n")
+	p("| nproc | %d |\n| kernel | %s `%s` |\n| CPU | %s |\n| Go | %s |\n", m.CPUs, m.Kernel, m.KernelVersion, m.CPUModel, m.GoVersion)
+	p("| load average (1/5/15 min) | start %s, end %s |\n", m.LoadStart, m.LoadEnd)
+	p("| date | %s, %s |\n| binaries | %s |\n\n", r.Started.UTC().Format(time.RFC3339), r.Elapsed.Round(time.Second), r.Build)
+
+	p("Method: every plugin is exec'd by the bench with `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_PATH` ")
+	p("and the config on stdin, as libcni's invoke does, from a throwaway \"host\" netns. A latency is the wall time of one plugin ")
+	p("process from fork to reaped exit; CPU is its user+sys; peak RSS is `ru_maxrss` from wait4, which also covers ")
+	p("children it reaped (the `ip` commands of the tap plugin). The plugins are forked by a small launcher process, not by the bench: ")
+	p("a child's `ru_maxrss` starts at its parent's RSS high-water mark (exec after vfork folds the parent's `hiwater_rss` into it), so the bench's own RSS ")
+	p("would hide the plugins'. The launcher's VmHWM is the floor (%s after the interleaved loop, %s after the bursts): a peak RSS at or below it is only an upper bound, shown as `<=`. ",
+		fmtMiB(r.RSSFloor), fmtMiB(r.BurstRSSFloor))
+	p("The launcher's stdin for a plugin is a pipe that already holds the config, stdout a memory file, so no copying goroutine can hold a plugin up. ")
+	p("The variants are interleaved: each of the %d iterations runs ADD then DEL ", r.Iterations)
+	p("of every variant, the starting variant rotated per iteration, after %d unrecorded warm-up rounds. ", r.Warmup)
+	p("Each variant has one pod netns of its own, reused across iterations, so netns creation and the kernel's asynchronous netns ")
+	p("teardown stay out of the timings. p50/p99 are nearest-rank: with fewer than 100 samples p99 is the maximum.\n\n")
+
+	ref := r.reference()
+	var refAdd, refDel time.Duration
+	if ref != nil {
+		refAdd, refDel = Percentile(ref.Add.Wall, 50), Percentile(ref.Del.Wall, 50)
+	}
+
+	p("## Standalone tap: reference plugin vs napitap\n\n")
+	p("| variant | ADD p50 | ADD p99 | DEL p50 | DEL p99 | ADD CPU p50 | DEL CPU p50 | peak RSS | ADD p50 vs ref | DEL p50 vs ref | failures |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range r.Variants {
+		v := &r.Variants[i]
+		if v.Chained() {
+			continue
+		}
+		add, del := v.Add.WallSummary(), v.Del.WallSummary()
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", v.Label,
+			fmtDur(add.P50), fmtDur(add.P99), fmtDur(del.P50), fmtDur(del.P99),
+			fmtDur(v.Add.CPUSummary().P50), fmtDur(v.Del.CPUSummary().P50),
+			rssOver(max(v.Add.MaxRSS, v.Del.MaxRSS), r.RSSFloor),
+			fmtRatio(Ratio(add.P50, refAdd)), fmtRatio(Ratio(del.P50, refDel)), v.AddFailures+v.DelFailures)
+	}
+	p("\n")
+
+	chained := false
+	for i := range r.Variants {
+		chained = chained || r.Variants[i].Chained()
+	}
+	if chained {
+		p("## Chained after bridge (host-local IPAM), napitap's exec timed alone\n\n")
+		p("The bridge part is the same in (c) and (d); the napitap columns time napitap's own exec within the chain. ")
+		p("Ratios are napitap's share against the reference tap plugin's standalone ADD/DEL.\n\n")
+		p("| variant | chain ADD p50 | chain ADD p99 | napitap ADD p50 | napitap ADD p99 | bridge ADD p50 | chain DEL p50 | chain DEL p99 | napitap DEL p50 | napitap DEL p99 | bridge DEL p50 | napitap peak RSS | bridge peak RSS | napitap ADD p50 vs ref | napitap DEL p50 vs ref | failures |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for i := range r.Variants {
+			v := &r.Variants[i]
+			if !v.Chained() {
+				continue
+			}
+			n, br := v.Step("napitap"), v.Step("bridge")
+			step := func(steps []Series, i int) Series {
+				if i < 0 || i >= len(steps) {
+					return Series{}
+				}
+				return steps[i]
+			}
+			nAdd, nDel, bAdd, bDel := step(v.AddSteps, n), step(v.DelSteps, n), step(v.AddSteps, br), step(v.DelSteps, br)
+			add, del := v.Add.WallSummary(), v.Del.WallSummary()
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", v.Label,
+				fmtDur(add.P50), fmtDur(add.P99), fmtDur(Percentile(nAdd.Wall, 50)), fmtDur(Percentile(nAdd.Wall, 99)), fmtDur(Percentile(bAdd.Wall, 50)),
+				fmtDur(del.P50), fmtDur(del.P99), fmtDur(Percentile(nDel.Wall, 50)), fmtDur(Percentile(nDel.Wall, 99)), fmtDur(Percentile(bDel.Wall, 50)),
+				rssOver(max(nAdd.MaxRSS, nDel.MaxRSS), r.RSSFloor), rssOver(max(bAdd.MaxRSS, bDel.MaxRSS), r.RSSFloor),
+				fmtRatio(Ratio(Percentile(nAdd.Wall, 50), refAdd)), fmtRatio(Ratio(Percentile(nDel.Wall, 50), refDel)), v.AddFailures+v.DelFailures)
+		}
+		p("\n")
+	}
+
+	p("## Configs\n\n")
+	for i := range r.Variants {
+		v := &r.Variants[i]
+		p("- %s: `%s`\n", v.Label, v.Config)
+	}
+	p("\n")
+
+	p("## Goals\n\n| goal | measured | target | |\n|---|---|---|---|\n")
+	for _, g := range r.Goals() {
+		verdict := "not measured"
+		if g.Known && g.Met {
+			verdict = "met"
+		} else if g.Known {
+			verdict = "**missed**"
+		}
+		measured := g.Measured
+		if measured == "" {
+			measured = "-"
+		}
+		p("| %s | %s | %s | %s |\n", g.Name, measured, g.Target, verdict)
+	}
+	p("\n")
+
+	if len(r.Bursts) > 0 {
+		p("## Bursts: napitap standalone, 4 NAPI queues, hand-off to napitapd\n\n")
+		p("N pods, each with a pod netns of its own, ADDed by N goroutines at once, then DELeted at once. ")
+		p("Wall is from releasing the goroutines to the last exit. napitapd was measured (`/proc/<pid>/status`, `/proc/<pid>/fd`) ")
+		p("while it held the N attachments; idle before the bursts it had VmRSS %s, VmHWM %s, %d fds.\n\n",
+			fmtMiB(r.DaemonIdle.VmRSS), fmtMiB(r.DaemonIdle.VmHWM), r.DaemonIdle.FDs)
+		p("CPU is the sum of the plugins' user+sys; divided by wall x nproc it says how much of the machine the burst kept busy; sys is the kernel's part of it.\n\n")
+		p("| pods | ADD wall | ADD p50 | ADD p99 | ADD CPU | ADD failures | DEL wall | DEL p50 | DEL p99 | DEL CPU | DEL failures | plugin peak RSS | napitapd VmRSS holding | napitapd VmHWM | napitapd fds holding | attachments / queues held | napitapd fds after DEL |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, bu := range r.Bursts {
+			p("| %d | %s | %s | %s | %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %d | %d / %d | %d |\n", bu.Pods,
+				fmtDur(bu.AddWall), fmtDur(Percentile(bu.Add.Wall, 50)), fmtDur(Percentile(bu.Add.Wall, 99)), r.cpuShare(bu.Add, bu.AddWall), bu.AddFailures,
+				fmtDur(bu.DelWall), fmtDur(Percentile(bu.Del.Wall, 50)), fmtDur(Percentile(bu.Del.Wall, 99)), r.cpuShare(bu.Del, bu.DelWall), bu.DelFailures,
+				rssOver(max(bu.Add.MaxRSS, bu.Del.MaxRSS), r.BurstRSSFloor), fmtMiB(bu.Holding.VmRSS), fmtMiB(bu.Holding.VmHWM), bu.Holding.FDs,
+				bu.HeldAttachments, bu.HeldQueues, bu.After.FDs)
+		}
+		p("\n")
+	}
+
+	for _, pr := range r.Profiles {
+		pr.markdown(&b)
+	}
+
+	if r.FailureCount > 0 {
+		p("## Failures (%d)\n\n", r.FailureCount)
+		for _, f := range r.Failures {
+			p("- `%s`\n", strings.ReplaceAll(f, "`", "'"))
+		}
+		if len(r.Failures) < r.FailureCount {
+			p("- ... %d more\n", r.FailureCount-len(r.Failures))
+		}
+		p("\n")
+	}
+	return b.String()
+}
+
+// rssOver prints a peak RSS, or the bound it is under when it does not
+// clear the launcher's floor.
+func rssOver(v, floor int64) string {
+	if floor > 0 && v > 0 && v <= floor {
+		return "<= " + fmtMiB(floor)
+	}
+	return fmtMiB(v)
+}
+
+// cpuShare is the CPU a burst's execs used, and that over wall x nproc.
+func (r *Report) cpuShare(s Series, wall time.Duration) string {
+	var sum time.Duration
+	for _, c := range s.CPU {
+		sum += c
+	}
+	if sum == 0 {
+		return "-"
+	}
+	out := fmtDur(sum)
+	if wall > 0 && r.Machine.CPUs > 0 {
+		out += fmt.Sprintf(" (%.0f%%)", 100*float64(sum)/float64(wall)/float64(r.Machine.CPUs))
+	}
+	if s.SysTotal > 0 {
+		out += fmt.Sprintf(", sys %.0f%%", 100*float64(s.SysTotal)/float64(sum))
+	}
+	return out
+}
+
+// barRow is one row of the latency chart.
+type barRow struct {
+	Label    string
+	Class    string // ref, napitap, chain
+	P50, P99 time.Duration
+}
+
+func (r *Report) chartRows(del bool) []barRow {
+	pick := func(v *VariantResult, steps bool, i int) Series {
+		switch {
+		case steps && del:
+			return v.DelSteps[i]
+		case steps:
+			return v.AddSteps[i]
+		case del:
+			return v.Del
+		default:
+			return v.Add
+		}
+	}
+	var rows, chains []barRow
+	for i := range r.Variants {
+		v := &r.Variants[i]
+		class := "napitap"
+		if v.Reference {
+			class = "ref"
+		}
+		if !v.Chained() {
+			s := pick(v, false, 0)
+			rows = append(rows, barRow{v.Label, class, Percentile(s.Wall, 50), Percentile(s.Wall, 99)})
+			continue
+		}
+		if n := v.Step("napitap"); n >= 0 {
+			s := pick(v, true, n)
+			rows = append(rows, barRow{v.Label + ": napitap exec", class, Percentile(s.Wall, 50), Percentile(s.Wall, 99)})
+		}
+		s := pick(v, false, 0)
+		chains = append(chains, barRow{v.Label + ": whole chain", "chain", Percentile(s.Wall, 50), Percentile(s.Wall, 99)})
+	}
+	return append(rows, chains...)
+}
+
+// SVG renders ADD and DEL latency as horizontal bars: the bar is p50, the
+// whisker runs to p99.
+func (r *Report) SVG() string {
+	add, del := r.chartRows(false), r.chartRows(true)
+	const (
+		labelW  = 330
+		panelW  = 300
+		gap     = 40
+		rowH    = 24
+		top     = 56
+		bottomH = 56
+	)
+	rows := max(len(add), len(del))
+	width := labelW + 2*panelW + gap + 20
+	height := top + rows*rowH + bottomH
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
+	p(`<text x="10" y="20" font-size="15" font-weight="bold">napitap-bench cni: plugin exec latency (bar p50, whisker p99)</text>` + "\n")
+	p(`<text x="10" y="38" fill="#555">%s, %d CPUs, %d iterations, %s</text>`+"\n", xmlEscape(r.Machine.Kernel), r.Machine.CPUs, r.Iterations, r.Started.UTC().Format("2006-01-02"))
+	for i, row := range add {
+		y := top + i*rowH + rowH/2 + 4
+		p(`<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", labelW-8, y, xmlEscape(row.Label))
+	}
+	panel := func(x0 int, title string, rows []barRow) {
+		var hi time.Duration
+		for _, row := range rows {
+			hi = max(hi, row.P99, row.P50)
+		}
+		step, ticks := niceTicks(hi)
+		scale := func(d time.Duration) float64 {
+			if ticks == 0 {
+				return 0
+			}
+			return float64(d) / float64(step*time.Duration(ticks)) * panelW
+		}
+		p(`<text x="%d" y="%d" font-weight="bold">%s</text>`+"\n", x0, top-6, title)
+		for t := 0; t <= ticks; t++ {
+			x := float64(x0) + float64(t)*panelW/float64(max(ticks, 1))
+			p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, top+len(rows)*rowH)
+			p(`<text x="%.1f" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", x, top+len(rows)*rowH+16, tickLabel(step*time.Duration(t)))
+		}
+		p(`<text x="%d" y="%d" text-anchor="middle" fill="#555">ms</text>`+"\n", x0+panelW/2, top+len(rows)*rowH+34)
+		for i, row := range rows {
+			y := top + i*rowH
+			w50, w99 := scale(row.P50), scale(row.P99)
+			p(`<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x0, y+4, w50, rowH-8, barColor(row.Class))
+			if row.P99 > row.P50 {
+				mid := y + rowH/2
+				p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#222"/>`+"\n", float64(x0)+w50, mid, float64(x0)+w99, mid)
+				p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#222"/>`+"\n", float64(x0)+w99, mid-5, float64(x0)+w99, mid+5)
+			}
+			p(`<text x="%.1f" y="%d" font-size="10" fill="#222">%s</text>`+"\n", float64(x0)+max(w50, w99)+4, y+rowH/2+4, fmtDur(row.P50))
+		}
+	}
+	panel(labelW, "ADD", add)
+	panel(labelW+panelW+gap, "DEL", del)
+	p("</svg>\n")
+	return b.String()
+}
+
+func barColor(class string) string {
+	switch class {
+	case "ref":
+		return "#9e9e9e"
+	case "chain":
+		return "#a6c8e8"
+	default:
+		return "#2f6fb0"
+	}
+}
+
+// niceTicks picks a 1/2/5 x 10^k step so that about 5 ticks cover hi.
+func niceTicks(hi time.Duration) (step time.Duration, ticks int) {
+	if hi <= 0 {
+		return time.Millisecond, 1
+	}
+	raw := float64(hi) / 5
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*mag >= raw {
+			step = time.Duration(m * mag)
+			break
+		}
+	}
+	step = max(step, time.Microsecond)
+	ticks = int((hi + step - 1) / step)
+	return step, max(ticks, 1)
+}
+
+func tickLabel(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms == math.Trunc(ms) {
+		return fmt.Sprintf("%.0f", ms)
+	}
+	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", ms), "0"), ".")
+}
+
+func xmlEscape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
