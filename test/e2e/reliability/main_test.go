@@ -5,9 +5,8 @@
 // checks after each that the node is either consistent or as it was.
 //
 // Environment: NAPITAP_CHURN_CYCLES sets TestChurn's cycle count (default
-// 1000); NAPITAP_STRICT=1 fails on the known bugs the tests otherwise log
-// as "KNOWN BUG"; NAPITAP_DEBUG=1 logs how long each node comparison took
-// to settle.
+// 1000); NAPITAP_DEBUG=1 logs how long each node comparison took to
+// settle.
 package reliability
 
 import (
@@ -227,14 +226,12 @@ type fixture struct {
 	d       *daemon
 	danDir  string
 	ipamDir string
-	// reported: known-bug differences already logged.
-	reported map[string]bool
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	env := cnitest.NewEnv(t, binDir)
-	f := &fixture{t: t, env: env, d: newDaemon(t), danDir: filepath.Join(env.DataDir, "dans"), ipamDir: filepath.Join(env.DataDir, "ipam"), reported: map[string]bool{}}
+	f := &fixture{t: t, env: env, d: newDaemon(t), danDir: filepath.Join(env.DataDir, "dans"), ipamDir: filepath.Join(env.DataDir, "ipam")}
 	return f
 }
 

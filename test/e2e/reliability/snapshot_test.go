@@ -130,92 +130,28 @@ func (s nodeSnapshot) diff(want nodeSnapshot) []fieldDiff {
 	return out
 }
 
-// knownBug is a difference a bug reported upstream explains: the entries
-// of a field that are extra or missing because of it. The suite stays
-// green on it, logging it, unless NAPITAP_STRICT=1.
-type knownBug struct {
-	Name    string
-	Field   *regexp.Regexp // which field
-	Extra   *regexp.Regexp // nil: none may be extra
-	Missing *regexp.Regexp // nil: none may be missing
-}
-
-func (k knownBug) explains(d fieldDiff) bool {
-	if !k.Field.MatchString(d.Field) {
-		return false
-	}
-	all := func(entries []string, re *regexp.Regexp) bool {
-		for _, e := range entries {
-			if re == nil || !re.MatchString(e) {
-				return false
-			}
-		}
-		return true
-	}
-	return all(d.Extra, k.Extra) && all(d.Missing, k.Missing)
-}
-
-func reportKnownBug(t testing.TB, name, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf("KNOWN BUG %s: "+format, append([]any{name}, args...)...)
-	if os.Getenv("NAPITAP_STRICT") == "1" {
-		t.Error(msg)
-	} else {
-		t.Log(msg)
-	}
-}
-
 // requireSame waits (kernel netns teardown and napitapd closing a finished
-// connection are asynchronous) until the node looks like want again, but
-// for differences a known bug explains.
+// connection are asynchronous) until the node looks like want again.
 func (f *fixture) requireSame(want nodeSnapshot, what string, pods ...*podNS) nodeSnapshot {
-	f.t.Helper()
-	return f.requireSameKnown(want, what, nil, pods...)
-}
-
-func (f *fixture) requireSameKnown(want nodeSnapshot, what string, known []knownBug, pods ...*podNS) nodeSnapshot {
 	f.t.Helper()
 	start := time.Now()
 	for {
 		have := f.snapshot(pods...)
 		var left []string
-		explained := map[string][]string{}
-	diffs:
 		for _, d := range have.diff(want) {
-			for _, k := range known {
-				if k.explains(d) {
-					explained[k.Name] = append(explained[k.Name], d.String())
-					continue diffs
-				}
-			}
 			left = append(left, d.String())
 		}
 		if len(left) == 0 {
-			for _, name := range sortedKeys(explained) {
-				// Once per test: a leftover stays in every later snapshot.
-				if key := name + "\x00" + strings.Join(explained[name], "; "); !f.reported[key] {
-					f.reported[key] = true
-					reportKnownBug(f.t, name, "%s: %s", what, strings.Join(explained[name], "; "))
-				}
-			}
 			if os.Getenv("NAPITAP_DEBUG") != "" {
 				f.t.Logf("%s: same after %v", what, time.Since(start))
 			}
 			return have
 		}
 		if time.Since(start) > 10*time.Second {
-			f.t.Fatalf("%s: the node is not as it was:\n  %s", what, strings.Join(append(left, slices.Concat(mapValues(explained)...)...), "\n  "))
+			f.t.Fatalf("%s: the node is not as it was:\n  %s", what, strings.Join(left, "\n  "))
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-}
-
-func mapValues[V any](m map[string]V) []V {
-	var out []V
-	for _, k := range sortedKeys(m) {
-		out = append(out, m[k])
-	}
-	return out
 }
 
 // netnsObjects describes the links, qdiscs and tc filters of a netns.
