@@ -34,10 +34,10 @@ func (b *bench) bursts(ctx context.Context) ([]BurstResult, error) {
 	}
 	var out []BurstResult
 	for _, n := range b.opt.bursts {
-		if err := ctx.Err(); err != nil {
+		if err := b.settle(ctx); err != nil {
 			return out, err
 		}
-		r := b.burst(ctx, pods[:n], conf)
+		r := b.burst(pods[:n], conf)
 		fmt.Fprintf(os.Stderr, "napitap-bench cni: burst %d: ADD %s, DEL %s, %d+%d failures\n", n, fmtDur(r.AddWall), fmtDur(r.DelWall), r.AddFailures, r.DelFailures)
 		out = append(out, r)
 		if f := b.failed(); f >= maxFailures {
@@ -47,13 +47,14 @@ func (b *bench) bursts(ctx context.Context) ([]BurstResult, error) {
 	return out, nil
 }
 
-func (b *bench) burst(ctx context.Context, pods []*netNS, conf []byte) BurstResult {
+// burst runs one burst to the end, DEL included, even when interrupted.
+func (b *bench) burst(pods []*netNS, conf []byte) BurstResult {
 	n := len(pods)
 	res := BurstResult{Pods: n}
 	prefix := fmt.Sprintf("napitap-bench-%s-burst%d-", b.suffix, n)
 
 	// all runs command for every pod at once: one batch in the launcher,
-	// which prepares every exec, then releases one goroutine per exec.
+	// which prepares every exec, then forks them back to back.
 	all := func(command string) ([]run, time.Duration) {
 		invs := make([]invocation, n)
 		reqs := make([]launch.Req, n)
@@ -98,11 +99,13 @@ func (b *bench) burst(ctx context.Context, pods []*netNS, conf []byte) BurstResu
 		return attachments, queues, err
 	}
 
+	res.SlabBefore = meminfoKiB("Slab") * 1024
 	runs, wall := all("ADD")
 	res.AddWall = wall
 	res.AddFailures = tally("ADD", runs, &res.Add)
 
 	var err error
+	res.SlabHolding = meminfoKiB("Slab") * 1024
 	if res.Holding, err = b.daemon.stats(); err != nil {
 		b.fail("burst %d: napitapd stats: %v", n, err)
 	}
@@ -129,4 +132,13 @@ func (b *bench) burst(ctx context.Context, pods []*netNS, conf []byte) BurstResu
 		}
 	}
 	return res
+}
+
+// meminfoKiB reads one field of /proc/meminfo, 0 if it cannot.
+func meminfoKiB(key string) int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	return statusKiB(b, key)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/bench/cnibench/launch"
 	"github.com/napitap/napitap/internal/nstest"
@@ -46,6 +47,7 @@ var binaries = []string{"napitap", "napitapd", "bridge", "host-local", "tap"}
 
 type options struct {
 	iterations, warmup int
+	settle             time.Duration
 	bursts             []int
 	out, bin           string
 	strace             bool
@@ -57,10 +59,11 @@ func parseFlags(args []string) (*options, error) {
 	o := &options{args: args}
 	fs.IntVar(&o.iterations, "iterations", 200, "interleaved ADD+DEL rounds of every variant")
 	fs.IntVar(&o.warmup, "warmup", 3, "unrecorded rounds before the measured ones")
+	fs.DurationVar(&o.settle, "settle", 50*time.Millisecond, "pause after each round's ADDs and after its DELs")
 	bursts := fs.String("bursts", "1,50,200", "pods per concurrent burst, comma-separated (empty: no bursts)")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for cni.md and cni-latency.svg")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(binaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
-	fs.BoolVar(&o.strace, "strace", false, "afterwards, run one ADD and DEL of the tap plugin and of napitap (b4, d) under strace -f -tt -T; traces and a per-syscall summary go to --out")
+	fs.BoolVar(&o.strace, "strace", false, "afterwards, trace one ADD and DEL of (a), (b4) and (d) with strace -f --seccomp-bpf -tt -T (napitapd too, for d); traces and summaries go to --out")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench cni [flags]   (as root)\n\n"+
 			"ADD/DEL latency and peak RSS: (a) reference tap plugin, (b) napitap 1 plain queue, (b4) napitap 4 NAPI queues,\n"+
@@ -73,8 +76,8 @@ func parseFlags(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.iterations < 1 || o.warmup < 0 {
-		return nil, fmt.Errorf("--iterations must be at least 1 and --warmup at least 0")
+	if o.iterations < 1 || o.warmup < 0 || o.settle < 0 {
+		return nil, fmt.Errorf("--iterations must be at least 1, --warmup and --settle at least 0")
 	}
 	for _, f := range strings.Split(*bursts, ",") {
 		if f = strings.TrimSpace(f); f == "" {
@@ -104,7 +107,7 @@ func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	b := &bench{opt: opt, suffix: nstest.RandomSuffix()}
+	b := &bench{opt: opt, suffix: nstest.RandomSuffix(), ctx: ctx}
 	err = b.run(ctx)
 	if cerr := b.cleanup(); cerr != nil && err == nil {
 		err = cerr
@@ -124,6 +127,7 @@ type bench struct {
 	launcher *launcher
 
 	undo []func() error // LIFO
+	ctx  context.Context
 
 	mu       sync.Mutex
 	failures int
@@ -146,6 +150,9 @@ func (b *bench) cleanup() error {
 }
 
 func (b *bench) fail(format string, a ...any) {
+	if b.ctx != nil && b.ctx.Err() != nil {
+		return // interrupted: what fails now is the interruption's doing
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.failures++
@@ -180,6 +187,7 @@ func (b *bench) run(ctx context.Context) error {
 		Machine:     machineInfo(),
 		Iterations:  b.opt.iterations,
 		Warmup:      b.opt.warmup,
+		Settle:      b.opt.settle,
 	}
 	var err error
 	if b.tmp, err = os.MkdirTemp("", "napitap-bench-cni-"); err != nil {
@@ -235,6 +243,9 @@ func (b *bench) run(ctx context.Context) error {
 		rep.Profiles, loopErr = b.profile(ctx, variants)
 	}
 
+	if loopErr != nil {
+		rep.Incomplete = loopErr.Error()
+	}
 	rep.Machine.LoadEnd = loadAvg()
 	rep.Elapsed = time.Since(rep.Started)
 	rep.FailureCount, rep.Failures = b.failed(), b.messages
@@ -461,6 +472,9 @@ func (b *bench) startDaemon() (*daemon, error) {
 	// A sweep lists every attachment's netns and tap; keep it out of the timings.
 	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h")
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	// Its own process group: a ^C for the bench must not take napitapd
+	// down before the bench has released what it holds; stop() ends it.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start napitapd: %w", err)
 	}
@@ -569,9 +583,9 @@ func commandLine(args []string) string {
 
 func machineInfo() Machine {
 	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), CPUModel: "unknown", LoadStart: loadAvg()}
-	var u syscall.Utsname
-	if syscall.Uname(&u) == nil {
-		m.Kernel, m.KernelVersion = utsString(u.Release[:]), utsString(u.Version[:])
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel, m.KernelVersion = unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Version[:])
 	}
 	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(info), "\n") {
@@ -582,17 +596,6 @@ func machineInfo() Machine {
 		}
 	}
 	return m
-}
-
-func utsString(b []int8) string {
-	var s strings.Builder
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		s.WriteByte(byte(c))
-	}
-	return s.String()
 }
 
 func loadAvg() string {

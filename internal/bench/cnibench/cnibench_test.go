@@ -105,7 +105,8 @@ func fakeReport() *Report {
 		},
 		Bursts: []BurstResult{
 			{Pods: 200, AddWall: time.Second, DelWall: 3 * time.Second, Add: Series{Wall: ms(100, 200), CPU: ms(100, 200), MaxRSS: 14 << 20, SysTotal: 150 * time.Millisecond}, Del: series(ms(300), 10<<20),
-				Holding: DaemonStats{VmRSS: 20 << 20, VmHWM: 21 << 20, FDs: 810}, HeldAttachments: 200, HeldQueues: 800},
+				Holding: DaemonStats{VmRSS: 20 << 20, VmHWM: 21 << 20, FDs: 810}, HeldAttachments: 200, HeldQueues: 800,
+				SlabBefore: 1 << 30, SlabHolding: 1<<30 + 200*(6<<20)},
 		},
 	}
 }
@@ -148,7 +149,7 @@ func TestMarkdown(t *testing.T) {
 		"| (b4) napitap | 6.0 ms | 7.0 ms | 25.0 ms | 40.0 ms |",
 		"0.50x", "1.14x", // ratios against the reference
 		"| (d) chain | 26.0 ms | 30.0 ms | 7.0 ms | 10.0 ms | 19.0 ms |", // napitap's share, bridge's
-		"| 200 | 1000 ms | 100 ms | 200 ms | 300 ms (15%), sys 50% |", "| 200 / 800 |",
+		"| 200 | 1000 ms | 100 ms | 200 ms | 300 ms (15%), sys 50% |", "| 200 / 800 |", "| 6.0 MiB |",
 		"**missed**", "| met |",
 	} {
 		if !strings.Contains(md, want) {

@@ -15,7 +15,8 @@ import (
 	"time"
 )
 
-// Profile is one plugin exec traced with strace -f -tt -T.
+// Profile is one plugin exec traced with strace -f -tt -T (or napitapd,
+// attached to around one).
 type Profile struct {
 	Label, Command string
 	File           string        // the raw trace, in --out
@@ -294,6 +295,7 @@ func (b *bench) profile(ctx context.Context, vs []*variant) ([]Profile, error) {
 			return c
 		}
 		add := traceDaemon("ADD", func() chainRun { return b.add(ctx, v, cid, wrap("ADD")) })
+		_ = b.settle(ctx)
 		del := traceDaemon("DEL", func() chainRun { return b.del(ctx, v, cid, add.result, wrap("DEL")) })
 		if add.err != nil {
 			b.fail("%s ADD %s under strace: %v", v.res.Label, cid, add.err)
@@ -329,7 +331,11 @@ func (b *bench) profile(ctx context.Context, vs []*variant) ([]Profile, error) {
 
 func (p *Profile) markdown(w io.Writer) {
 	fmt.Fprintf(w, "## strace: %s, %s\n\n", p.Label, p.Command)
-	fmt.Fprintf(w, "`strace -f -tt -T -e trace=%s` (`%s`); strace slows the traced syscalls down, so read it for where time goes, not how much. ", tracedSyscalls, p.File)
+	how := "-f --seccomp-bpf"
+	if p.Daemon {
+		how = "-f -p <napitapd>"
+	}
+	fmt.Fprintf(w, "`strace %s -tt -T -e trace=%s` (`%s`); strace slows the traced syscalls down, so read it for where time goes, not how much. ", how, tracedSyscalls, p.File)
 	if p.Daemon {
 		fmt.Fprintf(w, "napitapd was attached to (`strace -p`) around the plugin exec; trace span %s; %d threads. ", fmtDur(p.Span), p.Threads)
 	} else {

@@ -61,6 +61,18 @@ type BurstResult struct {
 	Holding                     DaemonStats
 	HeldAttachments, HeldQueues int
 	After                       DaemonStats // after the DEL burst
+	// SlabBefore and SlabHolding are the kernel's Slab (/proc/meminfo)
+	// before the ADD burst and while the attachments are held: what the
+	// taps cost the kernel, system-wide, so noisy on a busy machine.
+	SlabBefore, SlabHolding int64
+}
+
+// SlabPerPod is the kernel slab each attachment of the burst added.
+func (b *BurstResult) SlabPerPod() int64 {
+	if b.Pods == 0 || b.SlabBefore == 0 || b.SlabHolding == 0 {
+		return 0
+	}
+	return (b.SlabHolding - b.SlabBefore) / int64(b.Pods)
 }
 
 // Report is everything one run measured.
@@ -71,6 +83,7 @@ type Report struct {
 	Machine            Machine
 	Build              string
 	Iterations, Warmup int
+	Settle             time.Duration
 	Variants           []VariantResult
 	Bursts             []BurstResult
 	DaemonIdle         DaemonStats // napitapd before any burst, after the interleaved loop
@@ -82,6 +95,7 @@ type Report struct {
 	Profiles                []Profile
 	FailureCount            int
 	Failures                []string // the first few, verbatim
+	Incomplete              string   // why the run stopped early, if it did
 }
 
 // Goal is one target from the issue, checked against the run.
@@ -179,6 +193,9 @@ func (r *Report) Markdown() string {
 	if r.FailureCount > 0 {
 		p("**FAILED: %d ADD/DEL failures; the numbers below are not valid.**\n\n", r.FailureCount)
 	}
+	if r.Incomplete != "" {
+		p("**INCOMPLETE: the run stopped early (%s); the numbers below cover what ran.**\n\n", r.Incomplete)
+	}
 	p("```\n%s\n```\n\n", r.CommandLine)
 	m := r.Machine
 	p("| machine | |\n|---|---|\n")
@@ -194,8 +211,9 @@ func (r *Report) Markdown() string {
 	p("would hide the plugins'. The launcher's VmHWM is the floor (%s after the interleaved loop, %s after the bursts): a peak RSS at or below it is only an upper bound, shown as `<=`. ",
 		fmtMiB(r.RSSFloor), fmtMiB(r.BurstRSSFloor))
 	p("The launcher's stdin for a plugin is a pipe that already holds the config, stdout a memory file, so no copying goroutine can hold a plugin up. ")
-	p("The variants are interleaved: each of the %d iterations runs ADD then DEL ", r.Iterations)
-	p("of every variant, the starting variant rotated per iteration, after %d unrecorded warm-up rounds. ", r.Warmup)
+	p("The variants are interleaved: each of the %d iterations (after %d unrecorded warm-up rounds) runs ADD of every variant, pauses %s, ", r.Iterations, r.Warmup, r.Settle)
+	p("runs DEL of every variant and pauses again, the order rotating per iteration (DEL in reverse). A DEL right after its own ADD would wait ")
+	p("for that ADD's RCU callbacks (closing a queue fd queues some; deleting a netdevice waits in `rcu_barrier()` for all). ")
 	p("Each variant has one pod netns of its own, reused across iterations, so netns creation and the kernel's asynchronous netns ")
 	p("teardown stay out of the timings. p50/p99 are nearest-rank: with fewer than 100 samples p99 is the maximum.\n\n")
 
@@ -280,19 +298,22 @@ func (r *Report) Markdown() string {
 
 	if len(r.Bursts) > 0 {
 		p("## Bursts: napitap standalone, 4 NAPI queues, hand-off to napitapd\n\n")
-		p("N pods, each with a pod netns of its own, ADDed by N goroutines at once, then DELeted at once. ")
-		p("Wall is from releasing the goroutines to the last exit. napitapd was measured (`/proc/<pid>/status`, `/proc/<pid>/fd`) ")
+		p("N pods, each with a pod netns of its own, ADDed at once, then DELeted at once: the launcher prepares all N execs, then forks them ")
+		p("back to back (Go serialises forks under `syscall.ForkLock` anyway, so N goroutines would fork no faster) and reaps them as they exit. ")
+		p("Wall is from the first fork to the last exit. napitapd was measured (`/proc/<pid>/status`, `/proc/<pid>/fd`) ")
 		p("while it held the N attachments; idle before the bursts it had VmRSS %s, VmHWM %s, %d fds.\n\n",
 			fmtMiB(r.DaemonIdle.VmRSS), fmtMiB(r.DaemonIdle.VmHWM), r.DaemonIdle.FDs)
-		p("CPU is the sum of the plugins' user+sys; divided by wall x nproc it says how much of the machine the burst kept busy; sys is the kernel's part of it.\n\n")
-		p("| pods | ADD wall | ADD p50 | ADD p99 | ADD CPU | ADD failures | DEL wall | DEL p50 | DEL p99 | DEL CPU | DEL failures | plugin peak RSS | napitapd VmRSS holding | napitapd VmHWM | napitapd fds holding | attachments / queues held | napitapd fds after DEL |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("CPU is the sum of the plugins' user+sys; divided by wall x nproc it says how much of the machine the burst kept busy; sys is the kernel's part ")
+		p("of it (the kernel splits user and sys by tick sampling, so only a sum over many execs means much). Kernel slab per pod is the growth of ")
+		p("`Slab` in /proc/meminfo from before the ADD burst to while holding, divided by the pods: system-wide, so noisy on a busy machine.\n\n")
+		p("| pods | ADD wall | ADD p50 | ADD p99 | ADD CPU | ADD failures | DEL wall | DEL p50 | DEL p99 | DEL CPU | DEL failures | plugin peak RSS | napitapd VmRSS holding | napitapd VmHWM | napitapd fds holding | attachments / queues held | napitapd fds after DEL | kernel slab per pod |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, bu := range r.Bursts {
-			p("| %d | %s | %s | %s | %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %d | %d / %d | %d |\n", bu.Pods,
+			p("| %d | %s | %s | %s | %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %d | %d / %d | %d | %s |\n", bu.Pods,
 				fmtDur(bu.AddWall), fmtDur(Percentile(bu.Add.Wall, 50)), fmtDur(Percentile(bu.Add.Wall, 99)), r.cpuShare(bu.Add, bu.AddWall), bu.AddFailures,
 				fmtDur(bu.DelWall), fmtDur(Percentile(bu.Del.Wall, 50)), fmtDur(Percentile(bu.Del.Wall, 99)), r.cpuShare(bu.Del, bu.DelWall), bu.DelFailures,
 				rssOver(max(bu.Add.MaxRSS, bu.Del.MaxRSS), r.BurstRSSFloor), fmtMiB(bu.Holding.VmRSS), fmtMiB(bu.Holding.VmHWM), bu.Holding.FDs,
-				bu.HeldAttachments, bu.HeldQueues, bu.After.FDs)
+				bu.HeldAttachments, bu.HeldQueues, bu.After.FDs, fmtMiB(bu.SlabPerPod()))
 		}
 		p("\n")
 	}
@@ -389,7 +410,7 @@ func (r *Report) chartRows(del bool) []barRow {
 func (r *Report) SVG() string {
 	add, del := r.chartRows(false), r.chartRows(true)
 	const (
-		labelW  = 330
+		labelW  = 390
 		panelW  = 300
 		gap     = 40
 		rowH    = 24

@@ -158,21 +158,42 @@ func (b *bench) del(ctx context.Context, v *variant, cid string, result json.Raw
 	return c
 }
 
-// interleaved runs every variant once per iteration, ADD then DEL, the
-// first variant rotating from one iteration to the next.
+// interleaved runs, per iteration, ADD of every variant, then DEL of every
+// variant, each phase in an order rotating from one iteration to the next
+// and followed by a pause of --settle. A DEL right after its own ADD
+// would inherit that ADD's RCU work: closing a queue fd queues RCU
+// callbacks, and DEL of a netdevice waits in rcu_barrier() for every
+// callback queued, so it would charge the ADD to the DEL. Pods live
+// longer than that.
 func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 	total := b.opt.warmup + b.opt.iterations
 	for it := range total {
 		record := it >= b.opt.warmup
+		adds := make([]chainRun, len(vs))
+		cid := func(v *variant) string { return fmt.Sprintf("napitap-bench-%s-%s-%d", b.suffix, v.res.ID, it) }
 		for k := range vs {
 			if err := ctx.Err(); err != nil {
-				return err
+				return b.unwind(vs, adds, cid, err)
 			}
-			v := vs[(it+k)%len(vs)]
-			b.once(ctx, v, fmt.Sprintf("napitap-bench-%s-%s-%d", b.suffix, v.res.ID, it), record)
+			i := (it + k) % len(vs)
+			adds[i] = b.add(ctx, vs[i], cid(vs[i]), noWrap)
+			b.recordAdd(vs[i], cid(vs[i]), adds[i], record)
+		}
+		if err := b.settle(ctx); err != nil {
+			return b.unwind(vs, adds, cid, err)
+		}
+		// DEL in the reverse rotation, so that no variant's DEL always
+		// comes first after the ADDs.
+		for k := range vs {
+			i := (it + len(vs) - 1 - k) % len(vs)
+			del := b.del(ctx, vs[i], cid(vs[i]), adds[i].result, noWrap)
+			b.recordDel(vs[i], cid(vs[i]), adds[i], del, record)
 		}
 		if n := b.failed(); n >= maxFailures {
 			return fmt.Errorf("stopped after %d ADD/DEL failures", n)
+		}
+		if err := b.settle(ctx); err != nil {
+			return err
 		}
 		if done := it + 1 - b.opt.warmup; record && (done%25 == 0 || done == b.opt.iterations) {
 			fmt.Fprintf(os.Stderr, "napitap-bench cni: iteration %d/%d\n", done, b.opt.iterations)
@@ -181,22 +202,30 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 	return nil
 }
 
-func (b *bench) once(ctx context.Context, v *variant, cid string, record bool) {
-	add := b.add(ctx, v, cid, noWrap)
+func (b *bench) settle(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(b.opt.settle):
+		return nil
+	}
+}
+
+// unwind DELs, untimed, what an interrupted iteration ADDed.
+func (b *bench) unwind(vs []*variant, adds []chainRun, cid func(*variant) string, err error) error {
+	for i, v := range vs {
+		if adds[i].steps != nil {
+			_ = b.del(context.Background(), v, cid(v), adds[i].result, noWrap)
+		}
+	}
+	return err
+}
+
+func (b *bench) recordAdd(v *variant, cid string, add chainRun, record bool) {
 	if add.err != nil {
 		v.res.AddFailures++
 		b.fail("%s ADD %s: %v", v.res.Label, cid, add.err)
-		// As a runtime would: DEL what may have been made, untimed.
-		if del := b.del(ctx, v, cid, add.result, noWrap); del.err != nil {
-			v.res.DelFailures++
-			b.fail("%s DEL %s after failed ADD: %v", v.res.Label, cid, del.err)
-		}
 		return
-	}
-	del := b.del(ctx, v, cid, add.result, noWrap)
-	if del.err != nil {
-		v.res.DelFailures++
-		b.fail("%s DEL %s: %v", v.res.Label, cid, del.err)
 	}
 	if !record {
 		return
@@ -205,11 +234,22 @@ func (b *bench) once(ctx context.Context, v *variant, cid string, record bool) {
 	for i, r := range add.steps {
 		v.res.AddSteps[i].Add(r.Wall, r.CPU, r.MaxRSS)
 	}
-	if del.err == nil {
-		v.res.Del.Add(del.total, del.cpu, del.rss)
-		for i, r := range del.steps {
-			v.res.DelSteps[i].Add(r.Wall, r.CPU, r.MaxRSS)
-		}
+}
+
+// recordDel records a DEL; after a failed ADD it was the runtime's
+// clean-up, and only its failure counts.
+func (b *bench) recordDel(v *variant, cid string, add, del chainRun, record bool) {
+	if del.err != nil {
+		v.res.DelFailures++
+		b.fail("%s DEL %s: %v", v.res.Label, cid, del.err)
+		return
+	}
+	if !record || add.err != nil {
+		return
+	}
+	v.res.Del.Add(del.total, del.cpu, del.rss)
+	for i, r := range del.steps {
+		v.res.DelSteps[i].Add(r.Wall, r.CPU, r.MaxRSS)
 	}
 }
 

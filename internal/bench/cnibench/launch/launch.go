@@ -29,10 +29,11 @@ type Req struct {
 	Stdin []byte   `json:"stdin"`
 }
 
+// Res is what one exec did.
 type Res struct {
 	Wall   time.Duration `json:"wall"` // fork to reap
 	CPU    time.Duration `json:"cpu"`  // user+sys, with the children it reaped
-	Sys    time.Duration `json:"sys"`  // sys alone
+	Sys    time.Duration `json:"sys"`  // sys alone, as the kernel's tick sampling splits it
 	MaxRSS int64         `json:"maxRSS"`
 	Status int           `json:"status"` // exit status, or -1
 	Signal string        `json:"signal,omitempty"`
@@ -49,6 +50,7 @@ type Batch struct {
 	Runs []Req    `json:"runs"`
 }
 
+// BatchRes answers a Batch, results in the order of its runs.
 type BatchRes struct {
 	ID      int           `json:"id"`
 	Wall    time.Duration `json:"wall"`
