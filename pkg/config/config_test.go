@@ -85,7 +85,7 @@ func TestLoadAppliesDefaults(t *testing.T) {
 		{"queues default to 1", c.Queues, 1},
 		{"napi is on by default", c.NAPI, true},
 		{"napiFrags is off by default", c.NAPIFrags, false},
-		{"threadedNapi is off by default", c.ThreadedNAPI, false},
+		{"threadedNapi follows napi by default", c.ThreadedNAPI, true},
 		{"vnetHdr is on by default", c.VnetHdr, true},
 		{"vnetHdrSize defaults to 12", c.VnetHdrSize, 12},
 		{"mtu defaults to 0, the kernel's choice", c.MTU, 0},
@@ -764,6 +764,27 @@ func TestValidateLinkName(t *testing.T) {
 			err := config.ValidateLinkName(tt.link)
 			if (err != nil) != tt.wantErr {
 				t.Errorf("ValidateLinkName(%q) = %v, want error %v", tt.link, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestThreadedNAPIDefault(t *testing.T) {
+	tests := []struct {
+		name  string
+		extra string
+		want  bool
+	}{
+		{"threaded NAPI is on when napi is", ``, true},
+		{"threaded NAPI is off when napi is off", `"napi":false`, false},
+		{"threaded NAPI is off when a pod turns napi off", `"args":{"cni":{"napi":false}}`, false},
+		{"an explicit threadedNapi false wins", `"threadedNapi":false`, false},
+		{"a pod's threadedNapi false wins", `"args":{"cni":{"threadedNapi":false}}`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if c := mustLoad(t, conf(tt.extra), att("net1")); c.ThreadedNAPI != tt.want {
+				t.Errorf("ThreadedNAPI = %v, want %v", c.ThreadedNAPI, tt.want)
 			}
 		})
 	}
