@@ -22,7 +22,8 @@ E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
 all: build
 
-# Debian packages the demo and tests call (iproute2, QEMU, busybox-static);
+# Debian packages the demo and tests call (iproute2, QEMU, busybox-static,
+# containerd, runc);
 # installed only if missing.
 deps:
 	./hack/deps.sh

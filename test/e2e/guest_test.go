@@ -8,12 +8,10 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +23,7 @@ import (
 
 	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/vm"
 )
 
@@ -41,35 +40,8 @@ func TestMain(m *testing.M) {
 // startNapitapd runs the napitapd binary on a socket of the test's own and
 // stops it by PID when the test ends.
 func startNapitapd(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	socket := filepath.Join(dir, "napitapd.sock")
-	cmd := exec.Command(filepath.Join(binDir, "napitapd"), "--socket", socket, "--state-dir", filepath.Join(dir, "state"))
-	log, err := os.Create(filepath.Join(dir, "napitapd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			t.Logf("napitapd log:\n%s", b)
-		}
-	})
-	for i := 0; i < 100; i++ {
-		if _, err := os.Stat(socket); err == nil {
-			return socket
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("napitapd did not create %s", socket)
-	return ""
+	socket, _ := crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir())
+	return socket
 }
 
 // TestGuestTrafficTakesTheNAPIPath boots a real guest on the tap of a pod
