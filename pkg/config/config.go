@@ -169,6 +169,9 @@ type Attachment struct {
 	IfName      string
 	CNIArgs     string
 	FinalResult bool
+	// ForDelete loads for DEL: only what names the attachment's objects is
+	// checked, so DEL can clean up after any ADD that failed on a value.
+	ForDelete bool
 }
 
 // Load parses a network config for att. Errors are *types.Error: code 6 for
@@ -247,12 +250,14 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		c.PrevResult = prev
 	}
 
+	// DEL must clean up after an ADD that failed on bad values, or the pod
+	// never finishes terminating: it only needs the names.
 	mac, confMAC, err := resolveMAC(&nc, att.CNIArgs)
-	if err != nil {
+	if err != nil && !att.ForDelete {
 		return nil, err
 	}
 	c.MAC, c.confMAC = mac, confMAC
-	if err := applyPodArgs(c, nc.Args.CNI); err != nil {
+	if err := applyPodArgs(c, nc.Args.CNI); err != nil && !att.ForDelete {
 		return nil, err
 	}
 	// Threaded NAPI by default, measured: one TCP stream 2.67x and 64-byte
@@ -263,11 +268,19 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	}
 
 	c.containerID = att.ContainerID
+	if att.ForDelete && !slices.Contains([]string{"", WiringNone, WiringTCRedirect, WiringBridge}, c.Wiring) {
+		c.Wiring = "" // unknown: let DEL try what a defaulted wiring could be
+	}
 	if err := c.resolveWiring(att.IfName, nc.TapName, att.FinalResult); err != nil {
 		return nil, err
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validateNames(); err != nil {
 		return nil, err
+	}
+	if !att.ForDelete {
+		if err := c.validateValues(); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -430,6 +443,9 @@ func (c *Config) hasGuestEntry() bool {
 // before a rule existed must still be deletable, and DEL must clean up
 // anyway.
 func (c *Config) RequireAddable() error {
+	if c.HandoffSocket != "" && c.Queues > handoff.MaxFDs {
+		return invalid("queues", "%d queues cannot be handed off: one message carries at most %d fds; disable the hand-off or use fewer", c.Queues, handoff.MaxFDs)
+	}
 	// runtime-rs opens the tap by name: queues napitapd held as well would
 	// take traffic nobody reads (DESIGN.md fact 7).
 	if c.KataDanDir != "" && c.HandoffSocket != "" {
@@ -474,7 +490,8 @@ func DefaultTapName(ifName, wiring string) string {
 	return name
 }
 
-func (c *Config) validate() error {
+// validateValues checks what ADD and CHECK act on.
+func (c *Config) validateValues() error {
 	if c.Queues < 1 || c.Queues > MaxQueues {
 		return invalid("queues", "%d is out of range 1-%d", c.Queues, MaxQueues)
 	}
@@ -502,6 +519,15 @@ func (c *Config) validate() error {
 	if c.Group != nil && *c.Group == uidInvalid {
 		return invalid("group", "%d is not a valid gid", *c.Group)
 	}
+	if c.IPAM.Type != "" && c.Wiring != WiringNone {
+		return invalid("ipam", "only applies to wiring %q; chained wirings take addresses from prevResult", WiringNone)
+	}
+	return nil
+}
+
+// validateNames checks the names every verb acts on, DEL included: a bad
+// name must never reach the kernel or match a link napitap did not make.
+func (c *Config) validateNames() error {
 	// GC and STATUS carry no CNI_IFNAME, so no tap name either.
 	if c.TapName != "" {
 		if err := ValidateLinkName(c.TapName); err != nil {
@@ -521,9 +547,6 @@ func (c *Config) validate() error {
 		if c.Bridge == c.TapName || c.Bridge == c.PeerIfName {
 			return invalid("bridge", "%q clashes with another interface of this attachment", c.Bridge)
 		}
-	}
-	if c.IPAM.Type != "" && c.Wiring != WiringNone {
-		return invalid("ipam", "only applies to wiring %q; chained wirings take addresses from prevResult", WiringNone)
 	}
 	return nil
 }

@@ -789,3 +789,36 @@ func TestThreadedNAPIDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteLoadsWhatADDRejected: DEL cleans up after any ADD that failed
+// on a value; only names are still checked.
+func TestDeleteLoadsWhatADDRejected(t *testing.T) {
+	del := func(ifName, cniArgs string) config.Attachment {
+		a := att(ifName)
+		a.CNIArgs, a.ForDelete = cniArgs, true
+		return a
+	}
+	loaded := []struct {
+		name    string
+		conf    string
+		cniArgs string
+	}{
+		{"a bad CNI_ARGS MAC", conf(``), "IgnoreUnknown=1;MAC=zz"},
+		{"threadedNapi without napi from a pod", conf(`"threadedNapi":true,"args":{"cni":{"napi":false}}`), ""},
+		{"queues out of range", conf(`"queues":300`), ""},
+		{"args.cni.queues out of range", conf(`"args":{"cni":{"queues":0}}`), ""},
+		{"an unknown wiring", conf(`"wiring":"vxlan"`), ""},
+		{"vnetHdrSize 11", conf(`"vnetHdrSize":11`), ""},
+	}
+	for _, tt := range loaded {
+		t.Run("DEL loads a config with "+tt.name, func(t *testing.T) {
+			if _, err := config.Load([]byte(tt.conf), del("net1", tt.cniArgs)); err != nil {
+				t.Errorf("Load for DEL: %v", err)
+			}
+		})
+	}
+	t.Run("DEL still rejects a tap name the kernel would not take", func(t *testing.T) {
+		_, err := config.Load([]byte(conf(`"tapName":"../etc"`)), del("net1", ""))
+		wantCNIError(t, err, types.ErrInvalidNetworkConfig, "tapName")
+	})
+}

@@ -57,14 +57,20 @@ func (c *Client) GC(network string, valid []Key) (int, error) {
 	return resp.Released, nil
 }
 
-// List returns the attachments the caller may see.
+// List returns the attachments the caller may see, page by page.
 func (c *Client) List() ([]Attachment, error) {
-	resp, files, err := c.do(&Request{Op: OpList}, nil)
-	closeAll(files)
-	if err != nil {
-		return nil, err
+	var all []Attachment
+	for {
+		resp, files, err := c.do(&Request{Op: OpList, Offset: len(all)}, nil)
+		closeAll(files)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, resp.Attachments...)
+		if !resp.More || len(resp.Attachments) == 0 {
+			return all, nil
+		}
 	}
-	return resp.Attachments, nil
 }
 
 func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, error) {

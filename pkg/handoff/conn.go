@@ -18,10 +18,10 @@ func sendMsg(c *net.UnixConn, v any, files []*os.File) error {
 		return err
 	}
 	if len(b) > MaxHeader {
-		return fmt.Errorf("message of %d bytes exceeds %d", len(b), MaxHeader)
+		return fmt.Errorf("%w: message of %d bytes exceeds %d", errTooBig, len(b), MaxHeader)
 	}
 	if len(files) > MaxFDs {
-		return fmt.Errorf("%d fds exceed %d", len(files), MaxFDs)
+		return fmt.Errorf("%w: %d fds exceed %d", errTooBig, len(files), MaxFDs)
 	}
 	var oob []byte
 	if len(files) > 0 {
@@ -41,6 +41,9 @@ func sendMsg(c *net.UnixConn, v any, files []*os.File) error {
 	_, _, err = c.WriteMsgUnix(b, oob, nil)
 	return err
 }
+
+// errTooBig marks a message this end refused to send.
+var errTooBig = errors.New("too big")
 
 // errTruncated marks a datagram that did not fit: its fds are closed, and
 // the connection is still usable.

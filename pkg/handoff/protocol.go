@@ -20,7 +20,9 @@ import (
 const (
 	Version   = 1
 	MaxHeader = 64 << 10
-	MaxFDs    = 256 // a tap's MAX_TAP_QUEUES
+	// MaxFDs is the kernel's SCM_MAX_FD: one sendmsg carries no more, so a
+	// handed-off tap has at most 253 of its 256 possible queues.
+	MaxFDs = 253
 
 	DefaultSocket   = "/run/napitap/napitapd.sock"
 	DefaultStateDir = "/run/napitap/state"
@@ -125,6 +127,7 @@ type Request struct {
 	Attachment *Attachment `json:"attachment,omitempty"` // register
 	Network    string      `json:"network,omitempty"`    // gc
 	Valid      []Key       `json:"valid,omitempty"`      // gc
+	Offset     int         `json:"offset,omitempty"`     // list: page start
 }
 
 // Response is one server datagram. Error is nil on success.
@@ -132,9 +135,14 @@ type Response struct {
 	Version     int          `json:"version"`
 	Error       *Error       `json:"error,omitempty"`
 	Attachment  *Attachment  `json:"attachment,omitempty"`  // fetch; its fds ride along
-	Attachments []Attachment `json:"attachments,omitempty"` // list
+	Attachments []Attachment `json:"attachments,omitempty"` // list, a page of them
+	More        bool         `json:"more,omitempty"`        // list: ask again from offset+len
 	Released    int          `json:"released,omitempty"`    // release, gc
 }
+
+// ListPage is how many attachments one list response carries, well inside
+// MaxHeader.
+const ListPage = 64
 
 // Error codes a runtime can act on.
 const (

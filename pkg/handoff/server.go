@@ -145,6 +145,11 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		if err := sendMsg(conn, resp, out); err != nil {
 			s.log.Error("send response", "pid", cred.Pid, "err", err)
 			s.restore(resp, out)
+			if errors.Is(err, errTooBig) {
+				// Answer, rather than leave the caller with a bare EOF.
+				_ = sendMsg(conn, &Response{Version: Version, Error: errorf(CodeInternal, "%v", err)}, nil)
+				continue
+			}
 			return
 		}
 		// The runtime now holds the only copies (DESIGN.md fact 7).
@@ -180,7 +185,12 @@ func (s *Server) handle(b []byte, files []*os.File, cred *unix.Ucred) (*Response
 		})
 		return &Response{Released: n}, nil
 	default: // OpList
-		return &Response{Attachments: s.list(cred)}, nil
+		all := s.list(cred)
+		if req.Offset < 0 || req.Offset > len(all) {
+			return &Response{Error: errorf(CodeBadRequest, "list offset %d out of range 0-%d", req.Offset, len(all))}, nil
+		}
+		end := min(req.Offset+ListPage, len(all))
+		return &Response{Attachments: all[req.Offset:end], More: end < len(all)}, nil
 	}
 }
 

@@ -209,7 +209,9 @@ func buildResult(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gues
 }
 
 func cmdDel(args *skel.CmdArgs) error {
-	conf, err := config.Load(args.StdinData, attachment(args, true))
+	att := attachment(args, true)
+	att.ForDelete = true
+	conf, err := config.Load(args.StdinData, att)
 	if err != nil {
 		return err
 	}

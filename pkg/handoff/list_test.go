@@ -1,0 +1,54 @@
+package handoff_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/handoff"
+)
+
+// TestListPagesThroughManyAttachments: one response cannot carry the list
+// of a busy node, so list comes in pages and GC still sees every one.
+func TestListPagesThroughManyAttachments(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	srv, err := handoff.NewServer(filepath.Join(dir, "state"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := handoff.Listen(filepath.Join(dir, "napitapd.sock"), 0o660, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(l); close(done) }()
+	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
+	client := &handoff.Client{Socket: filepath.Join(dir, "napitapd.sock")}
+
+	const n = 300
+	for i := range n {
+		f, err := os.Open(os.DevNull) // napitapd holds what it is given
+		if err != nil {
+			t.Fatal(err)
+		}
+		att := &handoff.Attachment{Key: handoff.Key{ContainerID: fmt.Sprintf("pod%03d", i), IfName: "net1"},
+			Network: "napitap-list", Netns: "/proc/self/ns/net", TapName: "tap1", Queues: 1, NAPI: true}
+		err = client.Register(att, []*os.File{f})
+		f.Close()
+		if err != nil {
+			t.Fatalf("register %d: %v", i, err)
+		}
+	}
+	atts, err := client.List()
+	if err != nil || len(atts) != n {
+		t.Fatalf("List: %d attachments, %v; want %d", len(atts), err, n)
+	}
+	if released, err := client.GC("napitap-list", nil); err != nil || released != n {
+		t.Errorf("GC released %d, %v; want %d", released, err, n)
+	}
+}
