@@ -90,14 +90,16 @@ func execCmd(client *handoff.Client, args []string) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = files
+	// Catch signals before the VMM exists: one arriving in between must not
+	// kill napitapctl and orphan a VMM that holds the queues.
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	if err := cmd.Start(); err != nil {
 		closeAll(files)
 		return err
 	}
 	// Only the VMM may hold the queues (DESIGN.md fact 7).
 	closeAll(files)
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		for sig := range signals {
 			_ = cmd.Process.Signal(sig)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -21,6 +22,9 @@ import (
 
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
+
+// idleTimeout is how long a connection may wait between requests.
+const idleTimeout = time.Minute
 
 // Server holds queue fds for attachments and hands them to runtimes.
 type Server struct {
@@ -124,6 +128,9 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		return
 	}
 	for {
+		// A peer that keeps a connection open and says nothing holds a
+		// goroutine and an fd; let it go after a while.
+		_ = conn.SetReadDeadline(time.Now().Add(idleTimeout))
 		b, files, err := recvMsg(conn)
 		if errors.Is(err, io.EOF) {
 			return

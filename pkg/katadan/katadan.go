@@ -82,8 +82,11 @@ func Put(dir, sandboxID, netns string, dev Device) error {
 }
 
 // Remove drops the device name from the sandbox's file, and the file when
-// it has no devices left. A missing file or device is fine.
+// it has no devices left. A missing dir, file or device is fine.
 func Remove(dir, sandboxID, name string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	return update(dir, sandboxID, func(f *File) {
 		f.Devices = without(f.Devices, func(d Device) bool { return d.Name == name })
 	})

@@ -37,6 +37,10 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 	if err == nil {
 		return nil
 	}
+	if !errors.Is(err, handoff.ErrUnreachable) {
+		// napitapd may have kept the queues before the answer got lost.
+		_ = (&handoff.Client{Socket: conf.HandoffSocket}).Release(att.Key)
+	}
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) {
 		return err

@@ -227,6 +227,10 @@ func cmdDel(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return nil
 	}
+	// Never unwire the node's own interfaces for a pod's.
+	if own, cniErr := cnins.CheckNetNS(args.Netns); cniErr == nil && own {
+		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS: %s is the plugin's own netns", args.Netns), "")
+	}
 	err = ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
 		var guestMAC net.HardwareAddr
 		if peer := conf.PrevSandboxInterface(); peer != nil {
@@ -324,6 +328,12 @@ func cmdStatus(args *skel.CmdArgs) error {
 	}
 	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	// With the hand-off required, ADD cannot work without napitapd.
+	if conf.HandoffRequired {
+		if _, err := (&handoff.Client{Socket: conf.HandoffSocket}).List(); err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
+		}
 	}
 	if conf.IPAM.Type != "" {
 		if err := ipam.ExecStatus(conf.IPAM.Type, args.StdinData); err != nil {
