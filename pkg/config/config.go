@@ -407,10 +407,17 @@ func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 		c.TapName = DefaultTapName(ifName, c.Wiring)
 	}
 	if c.Wiring == WiringBridge && c.Bridge == "" && c.TapName != "" {
-		c.Bridge = "br-" + truncate(c.TapName, 12)
+		c.Bridge = "br-" + c.TapName
+		if len(c.Bridge) > 15 {
+			// Truncating would give two long tap names one bridge.
+			c.Bridge = fmt.Sprintf("br%08x", fnv32(c.TapName))
+		}
 	}
 	return nil
 }
+
+// ContainerID is CNI_CONTAINERID of the attachment the config was loaded for.
+func (c *Config) ContainerID() string { return c.containerID }
 
 // PrevSandboxInterface returns the previous result's interface that chained
 // wirings join: the one called CNI_IFNAME inside the sandbox, or nil.
@@ -483,9 +490,7 @@ func DefaultTapName(ifName, wiring string) string {
 		return ""
 	}
 	if name == ifName || len(name) > 15 {
-		h := fnv.New32a()
-		h.Write([]byte(ifName))
-		name = fmt.Sprintf("tap%08x", h.Sum32())
+		name = fmt.Sprintf("tap%08x", fnv32(ifName))
 	}
 	return name
 }
@@ -598,9 +603,8 @@ func valueOr[T any](p *T, def T) T {
 	return *p
 }
 
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return h.Sum32()
 }

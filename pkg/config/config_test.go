@@ -723,7 +723,8 @@ func TestBridgeName(t *testing.T) {
 	}{
 		{"the default bridge is br- plus the tap name", `"wiring":"bridge"`, "net1", "br-tap1"},
 		{"the default bridge follows a given tap name", `"wiring":"bridge","tapName":"vm0"`, "net1", "br-vm0"},
-		{"the default bridge is truncated to 15 bytes", `"wiring":"bridge"`, "abcdefghijklmno", "br-tapdefghijkl"},
+		{"a default bridge too long for 15 bytes is named by a hash of the tap name", `"wiring":"bridge"`, "abcdefghijklmno", "br2946f5d2"},
+		{"two long tap names sharing a prefix get different bridges", `"wiring":"bridge"`, "abcdefghijklmnp", "br3c4713bb"},
 		{"the default bridge for a 12-byte tap name fits exactly", `"wiring":"bridge","tapName":"abcdefghijkl"`, "net1", "br-abcdefghijkl"},
 		{"a given bridge name is kept", `"wiring":"bridge","bridge":"br0"`, "net1", "br0"},
 	}

@@ -168,8 +168,9 @@ func removeClsactIfUnused(link netlink.Link) error {
 // MAC and addresses. So the peer gets newPeerMAC, since a bridge keeps its
 // ports' own MACs for itself and would never forward frames for them to the
 // tap, and loses its addresses, since the pod's stack would otherwise answer
-// ARP for them through the bridge.
-func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (err error) {
+// ARP for them through the bridge. alias marks the bridge as the
+// attachment's, as it marks the tap.
+func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (err error) {
 	peer, tap, err := linkPair(peerName, tapName)
 	if err != nil {
 		return err
@@ -181,16 +182,25 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr) (
 	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
 	defer func() {
 		if err != nil {
-			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC})
+			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
 		}
 	}()
+	if err := netlink.LinkSetAlias(br, alias); err != nil {
+		return fmt.Errorf("bridge %q: set alias %q: %w", brName, alias, err)
+	}
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
 		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
+	}
+	// Removing the last address takes the routes through the peer along.
+	routes, err := netlinksafe.RouteList(peer, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("interface %q: list routes: %w", peerName, err)
 	}
 	removed, err := flushAddrs(peer)
 	defer func() {
 		if err != nil {
 			restoreAddrs(peer, removed)
+			restoreRoutes(routes)
 		}
 	}()
 	if err != nil {
@@ -233,17 +243,37 @@ func restoreAddrs(link netlink.Link, addrs []netlink.Addr) {
 	}
 }
 
-// PeerIdentity is what WireBridge moves from the peer to the guest.
-type PeerIdentity struct {
-	MAC   net.HardwareAddr
-	Addrs []net.IPNet
+// restoreRoutes puts back the routes that left with the addresses; the
+// kernel's own come back with the addresses.
+func restoreRoutes(routes []netlink.Route) {
+	for _, r := range routes {
+		if r.Protocol == unix.RTPROT_KERNEL {
+			continue
+		}
+		_ = netlink.RouteReplace(&r)
+	}
 }
 
-// UnwireBridge deletes bridge brName if it is a bridge, and gives the peer
-// back what is known of its identity. Everything already gone is fine.
-func UnwireBridge(brName, peerName string, identity PeerIdentity) error {
+// PeerIdentity is what WireBridge moves from the peer to the guest, and
+// the routes that left with the addresses.
+type PeerIdentity struct {
+	MAC    net.HardwareAddr
+	Addrs  []net.IPNet
+	Routes []PeerRoute
+}
+
+// PeerRoute is a route through the peer, as a CNI result lists it.
+type PeerRoute struct {
+	Dst net.IPNet
+	GW  net.IP
+}
+
+// UnwireBridge deletes bridge brName if it is a bridge marked with alias,
+// and gives the peer back what is known of its identity. Everything already
+// gone is fine; a bridge of someone else's is left alone.
+func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
 	if link, err := netlinksafe.LinkByName(brName); err == nil {
-		if _, ok := link.(*netlink.Bridge); ok {
+		if _, ok := link.(*netlink.Bridge); ok && link.Attrs().Alias == alias {
 			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 				return fmt.Errorf("bridge %q: delete: %w", brName, err)
 			}
@@ -251,7 +281,7 @@ func UnwireBridge(brName, peerName string, identity PeerIdentity) error {
 	} else if !isNotFound(err) {
 		return fmt.Errorf("bridge %q: %w", brName, err)
 	}
-	if identity.MAC == nil && len(identity.Addrs) == 0 {
+	if identity.MAC == nil && len(identity.Addrs) == 0 && len(identity.Routes) == 0 {
 		return nil
 	}
 	peer, err := netlinksafe.LinkByName(peerName)
@@ -269,6 +299,12 @@ func UnwireBridge(brName, peerName string, identity PeerIdentity) error {
 	for _, addr := range identity.Addrs {
 		if err := netlink.AddrAdd(peer, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("interface %q: restore address %s: %w", peerName, addr.String(), err)
+		}
+	}
+	for _, r := range identity.Routes {
+		route := &netlink.Route{LinkIndex: peer.Attrs().Index, Dst: &r.Dst, Gw: r.GW}
+		if err := netlink.RouteReplace(route); err != nil {
+			return fmt.Errorf("interface %q: restore route %s: %w", peerName, r.Dst.String(), err)
 		}
 	}
 	return nil

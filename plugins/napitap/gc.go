@@ -54,7 +54,8 @@ func (l leftover) remove() error {
 		case config.WiringTCRedirect:
 			return tapsetup.UnwireRedirect(l.key.IfName)
 		case config.WiringBridge:
-			return tapsetup.UnwireBridge(l.bridge, l.key.IfName, tapsetup.PeerIdentity{MAC: l.guestMAC})
+			return tapsetup.UnwireBridge(l.bridge, l.key.IfName, tapsetup.PeerIdentity{MAC: l.guestMAC},
+				tapsetup.OwnerAlias(l.key.ContainerID, l.key.IfName))
 		}
 		return nil
 	})

@@ -118,7 +118,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		case config.WiringTCRedirect:
 			err = tapsetup.WireRedirect(conf.PeerIfName, conf.TapName)
 		case config.WiringBridge:
-			err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC())
+			err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC(), spec.Alias)
 		}
 		if err != nil {
 			return fmt.Errorf("netns %s: %w", args.Netns, err) // the wiring undid itself
@@ -273,6 +273,29 @@ func podAddrs(conf *config.Config, ifName string) []net.IPNet {
 	return addrs
 }
 
+// podRoutes are prevResult's routes: the pod interface's, which went with
+// its addresses when bridge wiring took them.
+func podRoutes(conf *config.Config) []tapsetup.PeerRoute {
+	if conf.PrevResult == nil {
+		return nil
+	}
+	var routes []tapsetup.PeerRoute
+	for _, r := range conf.PrevResult.Routes {
+		gw := r.GW
+		if gw == nil {
+			// As ipam.ConfigureIface does: the address's gateway.
+			for _, ipc := range conf.PrevResult.IPs {
+				if ipc.Gateway != nil && (ipc.Gateway.To4() == nil) == (r.Dst.IP.To4() == nil) {
+					gw = ipc.Gateway
+					break
+				}
+			}
+		}
+		routes = append(routes, tapsetup.PeerRoute{Dst: r.Dst, GW: gw})
+	}
+	return routes
+}
+
 // tapsToDelete names the taps DEL removes. Before spec 0.4.0 DEL comes
 // without prevResult, so a defaulted wiring cannot be told from the config;
 // try the chained name as well. Only tuntap links are ever deleted.
@@ -289,7 +312,8 @@ func tapsToDelete(conf *config.Config, ifName string) []string {
 func unwire(conf *config.Config, ifName string, guestMAC net.HardwareAddr) error {
 	switch conf.Wiring {
 	case config.WiringBridge:
-		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, tapsetup.PeerIdentity{MAC: guestMAC, Addrs: podAddrs(conf, ifName)})
+		identity := tapsetup.PeerIdentity{MAC: guestMAC, Addrs: podAddrs(conf, ifName), Routes: podRoutes(conf)}
+		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, identity, tapsetup.OwnerAlias(conf.ContainerID(), ifName))
 	case config.WiringTCRedirect:
 		return tapsetup.UnwireRedirect(conf.PeerIfName)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -554,5 +555,52 @@ func TestKataDanFileFollowsTheAttachment(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(danDir); len(entries) != 0 {
 		t.Errorf("DAN dir after DEL: %v", entries)
+	}
+}
+
+// TestFailedBridgeWiringGivesThePodItsRoutesBack: taking the pod
+// interface's addresses takes its routes along; a failed ADD puts both back.
+func TestFailedBridgeWiringGivesThePodItsRoutesBack(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	// A default route through the pod interface, as a primary network has.
+	withRoute := strings.Replace(e.BridgePlugin(), `"type":"host-local",`, `"type":"host-local","routes":[{"dst":"0.0.0.0/0"}],`, 1)
+	if withRoute == e.BridgePlugin() {
+		t.Fatalf("cannot add a route to %s", withRoute)
+	}
+	bridgeOnly := e.List("1.0.0", withRoute)
+	rt := e.RT("eth0")
+	prev := e.MustAdd(bridgeOnly, rt)
+	t.Cleanup(func() { _ = e.Del(bridgeOnly, rt) })
+	routes := func() []string {
+		var out []string
+		e.Pod.Run(t, func() error {
+			list, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
+			for _, r := range list {
+				out = append(out, r.String())
+			}
+			return err
+		})
+		slices.Sort(out)
+		return out
+	}
+	before, linksBefore := routes(), e.PodLinks()
+
+	notASocket := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(notASocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prevJSON, err := json.Marshal(prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"napitap-test","type":"napitap","wiring":"bridge","handoff":{"socket":%q,"required":true},"prevResult":%s}`, notASocket, prevJSON)
+	if err := e.ExecNapitap("ADD", conf, "eth0"); err == nil {
+		t.Fatal("ADD succeeded with a handoff socket that is a plain file")
+	}
+	if after := routes(); !slices.Equal(before, after) {
+		t.Errorf("pod routes after the failed ADD:\n%v\nbefore:\n%v", after, before)
+	}
+	if after := e.PodLinks(); !slices.Equal(linksBefore, after) {
+		t.Errorf("pod links after the failed ADD: %v, before: %v", after, linksBefore)
 	}
 }
