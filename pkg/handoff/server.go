@@ -206,7 +206,7 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 		closeAll(files)
 		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), att.Queues)
 	}
-	ino, err := netnsInode(att.Netns)
+	ino, err := tapsetup.NetnsInode(att.Netns)
 	if err != nil {
 		closeAll(files)
 		return errorf(CodeUnavailable, "attachment %s: netns %s: %v", att.Key, att.Netns, err)
@@ -275,7 +275,7 @@ func (s *Server) find(key *Key, cred *unix.Ucred) (*entry, *Error) {
 		}
 		return nil, errorf(CodeNotFound, "no attachment %s", key)
 	}
-	ino, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
 	if err != nil {
 		return nil, errorf(CodeDenied, "netns of pid %d: %v", cred.Pid, err)
 	}
@@ -300,7 +300,7 @@ func authorize(att *Attachment, cred *unix.Ucred) *Error {
 	if cred.Uid == 0 {
 		return nil
 	}
-	ino, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
 	if err != nil || ino != att.NetnsInode {
 		return errorf(CodeDenied, "attachment %s: caller pid %d is not in the attachment's netns", att.Key, cred.Pid)
 	}
@@ -314,7 +314,7 @@ func authorize(att *Attachment, cred *unix.Ucred) *Error {
 // flags, so a restarted VMM gets NAPI queues again. It refuses while any
 // queue is still attached: a second set would take traffic nobody reads.
 func reopen(att *Attachment) ([]*os.File, *Error) {
-	ino, err := netnsInode(att.Netns)
+	ino, err := tapsetup.NetnsInode(att.Netns)
 	if err != nil || ino != att.NetnsInode {
 		return nil, errorf(CodeUnavailable, "attachment %s: netns %s is gone", att.Key, att.Netns)
 	}
@@ -375,7 +375,7 @@ func (s *Server) list(cred *unix.Ucred) []Attachment {
 	var ino uint64
 	if cred.Uid != 0 {
 		var err error
-		if ino, err = netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid)); err != nil {
+		if ino, err = tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid)); err != nil {
 			return nil
 		}
 	}
@@ -397,7 +397,7 @@ func (s *Server) list(cred *unix.Ucred) []Attachment {
 // napitapd was down, or the runtime crashed and never called DEL.
 func (s *Server) Sweep() int {
 	return s.release(func(a *Attachment) bool {
-		ino, err := netnsInode(a.Netns)
+		ino, err := tapsetup.NetnsInode(a.Netns)
 		if err != nil || ino != a.NetnsInode {
 			return true
 		}
@@ -450,24 +450,4 @@ func (s *Server) writeState(att *Attachment) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// netnsInode identifies a network namespace.
-func netnsInode(path string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, err
-	}
-	if st.Dev == 0 && st.Ino == 0 {
-		return 0, fmt.Errorf("%s: no inode", path)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	if kind, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE); err != nil || kind != unix.CLONE_NEWNET {
-		return 0, fmt.Errorf("%s is not a network namespace", path)
-	}
-	return st.Ino, nil
 }

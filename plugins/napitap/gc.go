@@ -9,7 +9,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
@@ -39,7 +38,7 @@ type leftover struct {
 // now names another pod's netns, or a tap of another attachment, is left
 // alone.
 func (l leftover) remove() error {
-	if inode := netnsInode(l.netns); inode == 0 || inode != l.netnsInode {
+	if inode, err := tapsetup.NetnsInode(l.netns); err != nil || inode != l.netnsInode {
 		return nil // the netns went, and the tap with it
 	}
 	err := ns.WithNetNSPath(l.netns, func(ns.NetNS) error {
@@ -132,13 +131,4 @@ func validKeys(conf *config.Config) []handoff.Key {
 		valid = append(valid, handoff.Key{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	return valid
-}
-
-// netnsInode identifies the netns at path, 0 when there is none.
-func netnsInode(path string) uint64 {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0
-	}
-	return st.Ino
 }

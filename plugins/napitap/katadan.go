@@ -9,6 +9,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/katadan"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // writeKataDan records the tap for Kata runtime-rs, which plugs "host-tap"
@@ -30,8 +31,9 @@ func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Resul
 		Network:     conf.Name,
 		Wiring:      conf.Wiring,
 		Bridge:      conf.Bridge,
-		NetnsInode:  netnsInode(args.Netns),
 	}
+	// For GC's check that the path still names this pod's netns.
+	dev.NetnsInode, _ = tapsetup.NetnsInode(args.Netns)
 	// The guest is the last interface of the result: the guest NIC entry
 	// when chained, the tap itself otherwise.
 	guest := len(result.Interfaces) - 1
