@@ -49,6 +49,22 @@ func (o object) String() string {
 	return fmt.Sprintf("%s %s/%s (%s)", o.apiVersion, o.kind, o.name, o.source)
 }
 
+// kinds are the types decodeStrict decodes, by "<apiVersion> <kind>".
+var kinds = map[string]func() any{
+	"v1 Namespace":      func() any { return &corev1.Namespace{} },
+	"v1 ServiceAccount": func() any { return &corev1.ServiceAccount{} },
+	"v1 Pod":            func() any { return &corev1.Pod{} },
+	"v1 ConfigMap":      func() any { return &corev1.ConfigMap{} },
+	"apps/v1 DaemonSet": func() any { return &appsv1.DaemonSet{} },
+	"rbac.authorization.k8s.io/v1 ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
+	"rbac.authorization.k8s.io/v1 ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
+	"rbac.authorization.k8s.io/v1 Role":               func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1 RoleBinding":        func() any { return &rbacv1.RoleBinding{} },
+	"k8s.cni.cncf.io/v1 NetworkAttachmentDefinition":  func() any { return &NetworkAttachmentDefinition{} },
+	"kubevirt.io/v1 KubeVirt":                         func() any { return &KubeVirt{} },
+	"kubevirt.io/v1 VirtualMachineInstance":           func() any { return &VirtualMachineInstance{} },
+}
+
 // decodeStrict decodes one YAML document into the type of its kind; unknown
 // or duplicate fields fail, as does a kind this suite does not know.
 func decodeStrict(source string, doc []byte) (object, error) {
@@ -63,34 +79,11 @@ func decodeStrict(source string, doc []byte) (object, error) {
 		return object{}, fmt.Errorf("%s: %w", source, err)
 	}
 	o := object{source: source, apiVersion: head.APIVersion, kind: head.Kind, name: head.Metadata.Name}
-	switch head.APIVersion + " " + head.Kind {
-	case "v1 Namespace":
-		o.obj = &corev1.Namespace{}
-	case "v1 ServiceAccount":
-		o.obj = &corev1.ServiceAccount{}
-	case "v1 Pod":
-		o.obj = &corev1.Pod{}
-	case "v1 ConfigMap":
-		o.obj = &corev1.ConfigMap{}
-	case "apps/v1 DaemonSet":
-		o.obj = &appsv1.DaemonSet{}
-	case "rbac.authorization.k8s.io/v1 ClusterRole":
-		o.obj = &rbacv1.ClusterRole{}
-	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
-		o.obj = &rbacv1.ClusterRoleBinding{}
-	case "rbac.authorization.k8s.io/v1 Role":
-		o.obj = &rbacv1.Role{}
-	case "rbac.authorization.k8s.io/v1 RoleBinding":
-		o.obj = &rbacv1.RoleBinding{}
-	case "k8s.cni.cncf.io/v1 NetworkAttachmentDefinition":
-		o.obj = &NetworkAttachmentDefinition{}
-	case "kubevirt.io/v1 KubeVirt":
-		o.obj = &KubeVirt{}
-	case "kubevirt.io/v1 VirtualMachineInstance":
-		o.obj = &VirtualMachineInstance{}
-	default:
-		return o, fmt.Errorf("%s: %q %q is a kind this suite cannot decode: add its type to decodeStrict", source, head.APIVersion, head.Kind)
+	newObj, ok := kinds[head.APIVersion+" "+head.Kind]
+	if !ok {
+		return o, fmt.Errorf("%s: %q %q is a kind this suite cannot decode: add its type to kinds", source, head.APIVersion, head.Kind)
 	}
+	o.obj = newObj()
 	if o.name == "" {
 		return o, fmt.Errorf("%s: %s has no metadata.name", source, head.Kind)
 	}
@@ -139,11 +132,10 @@ func isKustomization(name string) bool {
 	return name == "kustomization.yaml" || name == "kustomization.yml" || name == "Kustomization"
 }
 
-// kustomizations lists every directory under manifestDirs with a
-// kustomization.
-func kustomizations(t *testing.T) []string {
+// walkManifests calls fn for every file and directory under manifestDirs,
+// this suite's own directory aside, and fails the test on an error.
+func walkManifests(t *testing.T, fn func(path string, d fs.DirEntry) error) {
 	t.Helper()
-	var dirs []string
 	for _, dir := range manifestDirs {
 		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -152,15 +144,25 @@ func kustomizations(t *testing.T) []string {
 			if d.IsDir() && path == filepath.Join(repoRoot, "deploy", "test") {
 				return filepath.SkipDir
 			}
-			if !d.IsDir() && isKustomization(d.Name()) {
-				dirs = append(dirs, filepath.Dir(path))
-			}
-			return nil
+			return fn(path, d)
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// kustomizations lists every directory under manifestDirs with a
+// kustomization.
+func kustomizations(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	walkManifests(t, func(path string, d fs.DirEntry) error {
+		if !d.IsDir() && isKustomization(d.Name()) {
+			dirs = append(dirs, filepath.Dir(path))
+		}
+		return nil
+	})
 	return dirs
 }
 
@@ -194,40 +196,29 @@ func render(t *testing.T, dir string) []object {
 func manifestFiles(t *testing.T) []object {
 	t.Helper()
 	var objs []object
-	for _, dir := range manifestDirs {
-		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() && path == filepath.Join(repoRoot, "deploy", "test") {
-				return filepath.SkipDir
-			}
-			ext := filepath.Ext(path)
-			if d.IsDir() || (ext != ".yaml" && ext != ".yml") || isKustomization(d.Name()) {
-				return nil
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			docs, err := splitYAML(b)
-			if err != nil {
-				return fmt.Errorf("%s: %w", rel(path), err)
-			}
-			for i, doc := range docs {
-				o, err := decodeStrict(fmt.Sprintf("%s#%d", rel(path), i), doc)
-				if err != nil {
-					t.Error(err)
-					continue
-				}
-				objs = append(objs, o)
-			}
+	walkManifests(t, func(path string, d fs.DirEntry) error {
+		ext := filepath.Ext(path)
+		if d.IsDir() || (ext != ".yaml" && ext != ".yml") || isKustomization(d.Name()) {
 			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
-	}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		docs, err := splitYAML(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel(path), err)
+		}
+		for i, doc := range docs {
+			o, err := decodeStrict(fmt.Sprintf("%s#%d", rel(path), i), doc)
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			objs = append(objs, o)
+		}
+		return nil
+	})
 	return objs
 }
 
@@ -306,14 +297,15 @@ func TestStrictDecodingRejectsMisspeltFields(t *testing.T) {
 // deploy/ is the base, whole.
 func TestDeployIsTheBase(t *testing.T) {
 	top, base := render(t, filepath.Join(repoRoot, "deploy")), render(t, filepath.Join(repoRoot, "deploy", "base"))
-	var a, b []string
-	for _, o := range top {
-		a = append(a, o.String()[:strings.LastIndex(o.String(), " (")])
+	// Each object without its source.
+	names := func(objs []object) []string {
+		var out []string
+		for _, o := range objs {
+			out = append(out, o.String()[:strings.LastIndex(o.String(), " (")])
+		}
+		return out
 	}
-	for _, o := range base {
-		b = append(b, o.String()[:strings.LastIndex(o.String(), " (")])
-	}
-	if !slices.Equal(a, b) {
+	if a, b := names(top), names(base); !slices.Equal(a, b) {
 		t.Errorf("deploy/ renders %v, deploy/base %v", a, b)
 	}
 	for _, kind := range []string{"Namespace", "ServiceAccount", "DaemonSet"} {

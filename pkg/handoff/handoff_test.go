@@ -179,6 +179,22 @@ func register(t testing.TB, c *handoff.Client, att *handoff.Attachment, queues [
 	}
 }
 
+// registerNew creates tap with its queues in pod, as ADD does, and
+// registers it under key on net-a.
+func registerNew(t testing.TB, c *handoff.Client, pod *nstest.NetNS, key handoff.Key, tap string, queues int) {
+	t.Helper()
+	register(t, c, attachmentFor(pod, key, "net-a", tap, queues), newTap(t, pod, tap, queues, nil, nil))
+}
+
+// newPodAndDaemon is how most tests start: a pod netns and a fresh
+// napitapd with a client of it.
+func newPodAndDaemon(t testing.TB) (*nstest.NetNS, *daemon, *handoff.Client) {
+	t.Helper()
+	pod := nstest.New(t, "handoff")
+	d := newDaemon(t)
+	return pod, d, d.client()
+}
+
 // keep closes fetched fds when the test ends at the latest.
 func keep(t testing.TB, files []*os.File) []*os.File {
 	t.Cleanup(func() { tapsetup.CloseQueues(files) })
@@ -203,6 +219,20 @@ func queueName(f *os.File) (string, error) {
 		return "", fmt.Errorf("TUNGETIFF: %w", ioErr)
 	}
 	return ifr.Name(), nil
+}
+
+// fetchQueues fetches key, failing the test with what when the fetch
+// fails, and asserts that it got n NAPI queues of tap (checkQueues). They
+// are closed when the test ends at the latest.
+func fetchQueues(t testing.TB, c *handoff.Client, key handoff.Key, tap string, n int, what string) []*os.File {
+	t.Helper()
+	_, files, err := c.Fetch(&key)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	keep(t, files)
+	checkQueues(t, files, tap, n)
+	return files
 }
 
 // checkQueues asserts that files are n attached NAPI queues of tap.
@@ -323,24 +353,25 @@ func waitFDs(t testing.TB, want int, what string) {
 	}
 }
 
+// queueCase is a case of a test run for taps of several queue counts.
+type queueCase struct {
+	name   string
+	queues int
+}
+
 // ---------------------------------------------------------------------------
 // 1. Round trip.
 
 func TestRoundTrip(t *testing.T) {
 	nstest.RequireRoot(t)
-	cases := []struct {
-		name   string
-		queues int
-	}{
+	cases := []queueCase{
 		{"one queue of a single-queue tap comes back as the one queue it was", 1},
 		{"four queues of a multiqueue tap come back as those four queues", 4},
 		{"sixteen queues of a multiqueue tap come back as those sixteen queues", 16},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, d, c := newPodAndDaemon(t)
 			key := handoff.Key{ContainerID: "roundtrip", IfName: "net1"}
 			const tap = "napiho0"
 
@@ -397,29 +428,19 @@ func TestRoundTrip(t *testing.T) {
 
 func TestFetchAgain(t *testing.T) {
 	nstest.RequireRoot(t)
-	cases := []struct {
-		name   string
-		queues int
-	}{
+	cases := []queueCase{
 		{"a single-queue tap is refused while fetched and reopened with NAPI once closed", 1},
 		{"a 4-queue tap is refused while fetched and reopened with NAPI once closed", 4},
 		{"a 16-queue tap is refused while fetched and reopened with NAPI once closed", 16},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, d, c := newPodAndDaemon(t)
 			key := handoff.Key{ContainerID: "again", IfName: "net1"}
 			const tap = "napiho1"
-			register(t, c, attachmentFor(pod, key, "net-a", tap, tc.queues), newTap(t, pod, tap, tc.queues, nil, nil))
+			registerNew(t, c, pod, key, tap, tc.queues)
 
-			_, first, err := c.Fetch(&key)
-			if err != nil {
-				t.Fatalf("first Fetch: %v", err)
-			}
-			keep(t, first)
-			checkQueues(t, first, tap, tc.queues)
+			first := fetchQueues(t, c, key, tap, tc.queues, "first Fetch")
 
 			busy := func(when string) {
 				t.Helper()
@@ -438,12 +459,7 @@ func TestFetchAgain(t *testing.T) {
 			busy("while the first fds are open")
 
 			tapsetup.CloseQueues(first)
-			_, second, err := c.Fetch(&key)
-			if err != nil {
-				t.Fatalf("Fetch after the first fds were closed: %v", err)
-			}
-			keep(t, second)
-			checkQueues(t, second, tap, tc.queues)
+			second := fetchQueues(t, c, key, tap, tc.queues, "Fetch after the first fds were closed")
 			checkAttached(t, pod, tap, tc.queues)
 			busy("while the reopened fds are open")
 
@@ -509,12 +525,10 @@ func TestFetchWhileTheVMMDetachedQueues(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, _, c := newPodAndDaemon(t)
 			key := handoff.Key{ContainerID: "detached", IfName: "net1"}
 			const tap = "napiho8"
-			register(t, c, attachmentFor(pod, key, "net-a", tap, queues), newTap(t, pod, tap, queues, nil, nil))
+			registerNew(t, c, pod, key, tap, queues)
 			if attrs, err := tapsetup.ReadSysfs(pod.Path(), tap); err != nil || attrs.Threaded {
 				t.Fatalf("threaded NAPI must be off before a queue is detached (fact 9): %+v %v", attrs, err)
 			}
@@ -569,12 +583,10 @@ func TestFetchOfAVanishedTap(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, _, c := newPodAndDaemon(t)
 			key := handoff.Key{ContainerID: "vanished", IfName: "net1"}
 			const tap = "napiho9"
-			register(t, c, attachmentFor(pod, key, "net-a", tap, 4), newTap(t, pod, tap, 4, nil, nil))
+			registerNew(t, c, pod, key, tap, 4)
 			_, first, err := c.Fetch(&key)
 			if err != nil {
 				t.Fatal(err)
@@ -596,12 +608,10 @@ func TestFetchOfAVanishedTap(t *testing.T) {
 // be sent, napitapd keeps the fds instead of dropping the queues.
 func TestFetchThatCannotBeDeliveredIsKept(t *testing.T) {
 	nstest.RequireRoot(t)
-	pod := nstest.New(t, "handoff")
-	d := newDaemon(t)
-	c := d.client()
+	pod, d, c := newPodAndDaemon(t)
 	key := handoff.Key{ContainerID: "undelivered", IfName: "net1"}
 	const tap = "napiho2"
-	register(t, c, attachmentFor(pod, key, "net-a", tap, 4), newTap(t, pod, tap, 4, nil, nil))
+	registerNew(t, c, pod, key, tap, 4)
 
 	conn := dialRaw(t, d.socket)
 	// A reader that stopped reading: napitapd's send fails with EPIPE.
@@ -620,12 +630,7 @@ func TestFetchThatCannotBeDeliveredIsKept(t *testing.T) {
 	waitFor(t, "napitapd to take the fds back", func() bool { return d.srv.HeldFDs() == 4 })
 	checkAttached(t, pod, tap, 4)
 
-	_, files, err := c.Fetch(&key)
-	if err != nil {
-		t.Fatalf("Fetch after the failed hand-off: %v", err)
-	}
-	keep(t, files)
-	checkQueues(t, files, tap, 4)
+	fetchQueues(t, c, key, tap, 4, "Fetch after the failed hand-off")
 	checkAttached(t, pod, tap, 4)
 }
 
@@ -645,10 +650,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 func TestRestartRecovery(t *testing.T) {
 	nstest.RequireRoot(t)
-	cases := []struct {
-		name   string
-		queues int
-	}{
+	cases := []queueCase{
 		{"a restarted napitapd reopens the one NAPI queue of a single-queue tap", 1},
 		{"a restarted napitapd reopens the four NAPI queues of a multiqueue tap", 4},
 		{"a restarted napitapd reopens the sixteen NAPI queues of a multiqueue tap", 16},
@@ -688,12 +690,7 @@ func TestRestartRecovery(t *testing.T) {
 				t.Errorf("restarted server holds %d fds, want 0", n)
 			}
 
-			_, files, err := c.Fetch(&key)
-			if err != nil {
-				t.Fatalf("Fetch after the restart: %v", err)
-			}
-			keep(t, files)
-			checkQueues(t, files, tap, tc.queues)
+			fetchQueues(t, c, key, tap, tc.queues, "Fetch after the restart")
 			checkAttached(t, pod, tap, tc.queues)
 			if n := second.srv.HeldFDs(); n != 0 {
 				t.Errorf("after the fetch the server holds %d fds, want 0", n)
@@ -714,6 +711,14 @@ func TestRestartDropsStateItCannotTrust(t *testing.T) {
 		a.NetnsInode = inode(t, pod.Path())
 		return a
 	}
+	// validBut is the state file of valid(cid) changed by mutate.
+	validBut := func(cid string, mutate func(a *handoff.Attachment)) func() []byte {
+		return func() []byte {
+			a := valid(cid)
+			mutate(a)
+			return mustJSON(t, a)
+		}
+	}
 	cases := []struct {
 		name     string
 		file     string
@@ -723,26 +728,14 @@ func TestRestartDropsStateItCannotTrust(t *testing.T) {
 		{"a valid state file of an existing tap is kept", "good:net1.json", func() []byte { return mustJSON(t, valid("good")) }, true},
 		{"a state file that is not JSON is dropped", "junk:net1.json", func() []byte { return []byte("{not json") }, false},
 		{"a state file named after another key is dropped", "other:net1.json", func() []byte { return mustJSON(t, valid("good")) }, false},
-		{"a state file of an invalid attachment is dropped", "bad:net1.json", func() []byte {
-			a := valid("bad")
-			a.Queues = 0
-			return mustJSON(t, a)
-		}, false},
-		{"a state file whose netns is gone is dropped", "gone:net1.json", func() []byte {
-			a := valid("gone")
-			a.Netns = "/run/netns/napitap-handoff-gone"
-			return mustJSON(t, a)
-		}, false},
-		{"a state file whose netns inode is another netns is dropped", "moved:net1.json", func() []byte {
-			a := valid("moved")
-			a.NetnsInode = hostNetnsInode(t)
-			return mustJSON(t, a)
-		}, false},
-		{"a state file whose tap is gone is dropped", "notap:net1.json", func() []byte {
-			a := valid("notap")
-			a.TapName = "napihoz"
-			return mustJSON(t, a)
-		}, false},
+		{"a state file of an invalid attachment is dropped", "bad:net1.json",
+			validBut("bad", func(a *handoff.Attachment) { a.Queues = 0 }), false},
+		{"a state file whose netns is gone is dropped", "gone:net1.json",
+			validBut("gone", func(a *handoff.Attachment) { a.Netns = "/run/netns/napitap-handoff-gone" }), false},
+		{"a state file whose netns inode is another netns is dropped", "moved:net1.json",
+			validBut("moved", func(a *handoff.Attachment) { a.NetnsInode = hostNetnsInode(t) }), false},
+		{"a state file whose tap is gone is dropped", "notap:net1.json",
+			validBut("notap", func(a *handoff.Attachment) { a.TapName = "napihoz" }), false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -841,9 +834,7 @@ func TestReleaseAndGC(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, d, c := newPodAndDaemon(t)
 			base := settledFDs(t)
 			for _, a := range all {
 				register(t, c, attachmentFor(pod, a.key, a.network, a.tap, queuesEach), newTap(t, pod, a.tap, queuesEach, nil, nil))
@@ -904,13 +895,11 @@ func TestSweep(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			d := newDaemon(t)
-			c := d.client()
+			pod, d, c := newPodAndDaemon(t)
 			key := handoff.Key{ContainerID: "sweep", IfName: "net1"}
 			const tap = "napiho4"
 			base := settledFDs(t)
-			register(t, c, attachmentFor(pod, key, "net-a", tap, 4), newTap(t, pod, tap, 4, nil, nil))
+			registerNew(t, c, pod, key, tap, 4)
 			waitFDs(t, base+4, "after register")
 			if tc.deleteTap {
 				pod.Run(t, func() error { return tapsetup.DeleteTap(tap, "") })
@@ -1044,12 +1033,10 @@ func devNulls(t testing.TB, n int) []int {
 
 func TestMalformedRequests(t *testing.T) {
 	nstest.RequireRoot(t)
-	pod := nstest.New(t, "handoff")
-	d := newDaemon(t)
-	c := d.client()
+	pod, d, c := newPodAndDaemon(t)
 	held := handoff.Key{ContainerID: "held", IfName: "net1"}
 	const tap = "napiho5"
-	register(t, c, attachmentFor(pod, held, "net-a", tap, 2), newTap(t, pod, tap, 2, nil, nil))
+	registerNew(t, c, pod, held, tap, 2)
 
 	req := func(r handoff.Request) []byte {
 		if r.Version == 0 {
@@ -1400,18 +1387,27 @@ func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
 	return res
 }
 
+// sharedSockDir makes a directory under /tmp that every uid may search,
+// for a socket that peers of other uids must reach, and removes it when
+// the test ends.
+func sharedSockDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "napitap-handoff-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestAuthorization(t *testing.T) {
 	nstest.RequireRoot(t)
 	// The socket must be reachable for uid 107: a world-searchable dir and
 	// a 0666 socket.
-	sockDir, err := os.MkdirTemp("/tmp", "napitap-handoff-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	if err := os.Chmod(sockDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	sockDir := sharedSockDir(t)
 	d := startDaemon(t, filepath.Join(t.TempDir(), "state"), filepath.Join(sockDir, "napitapd.sock"), 0o666)
 	root := d.client()
 	other := nstest.New(t, "handoff")
@@ -1559,14 +1555,7 @@ func inode(t testing.TB, path string) uint64 {
 // group, only root and members of that group can even connect.
 func TestSocketModeAndGroupAreEnforced(t *testing.T) {
 	nstest.RequireRoot(t)
-	sockDir, err := os.MkdirTemp("/tmp", "napitap-handoff-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	if err := os.Chmod(sockDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	sockDir := sharedSockDir(t)
 	const socketGroup = 4242
 	socket := filepath.Join(sockDir, "napitapd.sock")
 	srv, err := handoff.NewServer(filepath.Join(t.TempDir(), "state"), newLogger(t))

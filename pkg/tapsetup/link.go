@@ -88,7 +88,10 @@ func OwnerAlias(containerID, ifName string) string {
 
 // DeleteTap removes the tap name from the current netns. A missing link is
 // success. A link that is not a tuntap, or, when owner is given, a tap
-// whose alias is not owner, is left alone and reported with ErrNotTap.
+// marked as another attachment's, is left alone and reported with
+// ErrNotTap. A tap with no mark is taken: an ADD killed between creating
+// the tap and marking it leaves one, and every finished napitap tap is
+// marked.
 func DeleteTap(name, owner string) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
@@ -100,8 +103,8 @@ func DeleteTap(name, owner string) error {
 	if _, ok := link.(*netlink.Tuntap); !ok {
 		return fmt.Errorf("tap %q: %w: it is a %s link", name, ErrNotTap, link.Type())
 	}
-	if owner != "" && link.Attrs().Alias != owner {
-		return fmt.Errorf("tap %q: %w of %q: it belongs to %q", name, ErrNotTap, owner, link.Attrs().Alias)
+	if alias := link.Attrs().Alias; owner != "" && alias != owner && alias != "" {
+		return fmt.Errorf("tap %q: %w of %q: it is marked %q", name, ErrNotTap, owner, alias)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("tap %q: delete: %w", name, err)

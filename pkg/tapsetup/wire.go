@@ -175,7 +175,8 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, a
 	if err != nil {
 		return err
 	}
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName, MTU: peer.Attrs().MTU}}
+	// The mark comes with the bridge, in the same RTM_NEWLINK.
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName, MTU: peer.Attrs().MTU, Alias: alias}}
 	if err := netlink.LinkAdd(br); err != nil {
 		return fmt.Errorf("bridge %q: create: %w", brName, err)
 	}
@@ -185,9 +186,6 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, a
 			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
 		}
 	}()
-	if err := netlink.LinkSetAlias(br, alias); err != nil {
-		return fmt.Errorf("bridge %q: set alias %q: %w", brName, alias, err)
-	}
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
 		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
 	}
@@ -268,12 +266,15 @@ type PeerRoute struct {
 	GW  net.IP
 }
 
-// UnwireBridge deletes bridge brName if it is a bridge marked with alias,
-// and gives the peer back what is known of its identity. Everything already
+// UnwireBridge deletes bridge brName if it is a bridge marked with alias
+// (or not marked at all), and gives the peer back what is known of its
+// identity. Everything already
 // gone is fine; a bridge of someone else's is left alone.
 func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
 	if link, err := netlinksafe.LinkByName(brName); err == nil {
-		if _, ok := link.(*netlink.Bridge); ok && link.Attrs().Alias == alias {
+		// An unmarked bridge of the configured name is ours too, should the
+		// kernel not have taken the mark with the bridge.
+		if _, ok := link.(*netlink.Bridge); ok && (link.Attrs().Alias == alias || link.Attrs().Alias == "") {
 			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 				return fmt.Errorf("bridge %q: delete: %w", brName, err)
 			}

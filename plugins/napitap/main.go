@@ -296,7 +296,7 @@ func podRoutes(conf *config.Config) []tapsetup.PeerRoute {
 	return routes
 }
 
-// tapsToDelete names the taps DEL removes. Before spec 0.4.0 DEL comes
+// tapsToDelete names the taps DEL removes, the configured one first. Before spec 0.4.0 DEL comes
 // without prevResult, so a defaulted wiring cannot be told from the config;
 // try the chained name as well. Only tuntap links are ever deleted.
 func tapsToDelete(conf *config.Config, ifName string) []string {

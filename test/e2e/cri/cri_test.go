@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -44,11 +42,7 @@ func TestMain(m *testing.M) {
 // sandboxes leaves nothing behind.
 func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 	nstest.RequireRoot(t)
-	for _, tool := range []string{"containerd", "ctr", "runc", "nsenter", "ip"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is missing: run hack/deps.sh (%v)", tool, err)
-		}
-	}
+	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "ip")
 	crictl := crihelp.BuildCrictl(t)
 	crihelp.EnsureCgroups(t)
 	root := crihelp.NewRoot(t, "napicri")
@@ -123,7 +117,7 @@ func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 	if left := n.Crictl("pods", "-q"); left != "" {
 		t.Errorf("crictl pods after rmp: %q", left)
 	}
-	if links := nodeLinks(t, n.NetNS); strings.Join(links, " ") != "lo napicri0" {
+	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napicri0" {
 		t.Errorf("node netns links after rmp: %v, want only lo and napicri0", links)
 	}
 	if links := hostLinks(t); len(links) > 0 {
@@ -182,20 +176,6 @@ func inspectPod(t *testing.T, n *crihelp.Node, id string) (string, net.IP) {
 		t.Errorf("sandbox %.12s state %s, want SANDBOX_READY", id, sb.State)
 	}
 	return sb.NetNS, sb.IP
-}
-
-func nodeLinks(t *testing.T, netns *nstest.NetNS) []string {
-	t.Helper()
-	var names []string
-	netns.Run(t, func() error {
-		links, err := netlink.LinkList()
-		for _, l := range links {
-			names = append(names, l.Attrs().Name)
-		}
-		return err
-	})
-	sort.Strings(names)
-	return names
 }
 
 func hostLinks(t *testing.T) []string {

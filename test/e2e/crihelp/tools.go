@@ -8,9 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/internal/nstest"
 )
 
 // RepoRoot is the root of napitap's module: the nearest directory up from
@@ -31,6 +36,31 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// RequireTools fails the test unless every tool is on PATH.
+func RequireTools(t testing.TB, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is missing: run hack/deps.sh (%v)", tool, err)
+		}
+	}
+}
+
+// LinkNames lists the names of every link in netns, sorted.
+func LinkNames(t testing.TB, netns *nstest.NetNS) []string {
+	t.Helper()
+	var names []string
+	netns.Run(t, func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			names = append(names, l.Attrs().Name)
+		}
+		return err
+	})
+	slices.Sort(names)
+	return names
 }
 
 // BuildCrictl returns the cached crictl, building it first (about a

@@ -65,11 +65,7 @@ const groFlushTimeout = 200000
 // NAPI; deleting the pods with kubectl leaves nothing behind.
 func TestKubernetesNode(t *testing.T) {
 	nstest.RequireRoot(t)
-	for _, tool := range []string{"containerd", "ctr", "runc", "nsenter", "unshare", "ip", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is missing: run hack/deps.sh (%v)", tool, err)
-		}
-	}
+	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "unshare", "ip", "mount")
 	testStart := time.Now()
 	bin := buildK8s(t)
 	crictl := crihelp.BuildCrictl(t)
@@ -212,7 +208,7 @@ metadata:
 	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
-	if links := nodeLinks(t, netns); strings.Join(links, " ") != "lo napinode0" {
+	if links := crihelp.LinkNames(t, netns); strings.Join(links, " ") != "lo napinode0" {
 		t.Errorf("node netns links after the pods went: %v, want lo and napinode0", links)
 	}
 	if left := ipamEntries(t, n); len(left) > 0 {
@@ -574,20 +570,6 @@ func addNodeIP(ip string) error {
 		return err
 	}
 	return netlink.AddrAdd(lo, addr)
-}
-
-func nodeLinks(t *testing.T, netns *nstest.NetNS) []string {
-	t.Helper()
-	var names []string
-	netns.Run(t, func() error {
-		links, err := netlink.LinkList()
-		for _, l := range links {
-			names = append(names, l.Attrs().Name)
-		}
-		return err
-	})
-	slices.Sort(names)
-	return names
 }
 
 // makeCgroupRoot makes kubelet's cgroupRoot in every hierarchy (kubelet

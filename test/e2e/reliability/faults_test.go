@@ -116,6 +116,37 @@ func (f *fixture) consistent(list *libcni.NetworkConfigList, c tapConf, r *libcn
 	return nil
 }
 
+// primedFixture is newFixture with, when c is chained, the bridge
+// plugin's bridge already in the host (primeHost).
+func primedFixture(t testing.TB, c tapConf) *fixture {
+	t.Helper()
+	f := newFixture(t)
+	if c.Chained {
+		f.primeHost(c)
+	}
+	return f
+}
+
+// setUp is how most fault tests start: a primedFixture, the conflist of
+// c named napitap-<role>, a pod netns napitap-<role>-<random> and the
+// node as it is with that pod before anything was added.
+func setUp(t testing.TB, role string, c tapConf) (*fixture, *libcni.NetworkConfigList, *podNS, nodeSnapshot) {
+	t.Helper()
+	f := primedFixture(t, c)
+	p := newPodNS(t, role)
+	return f, f.list("napitap-"+role, c), p, f.snapshot(p)
+}
+
+// delChain runs DEL of the chain as execDelChain does; after a completed
+// ADD (final set) napitap's DEL must give the pod back as it was before.
+func (f *fixture) delChain(list *libcni.NetworkConfigList, final *current.Result, r *libcni.RuntimeConf, p *podNS, before nodeSnapshot, what string) error {
+	var afterNapitap func()
+	if final != nil {
+		afterNapitap = func() { f.requireSame(before, what, p) }
+	}
+	return f.execDelChain(list, final, r, afterNapitap)
+}
+
 // TestPodNetnsVanishingDuringAdd deletes the pod netns (ip netns del) at
 // many points of a libcni ADD. Whatever ADD answers, napitap's part is
 // either complete or absent, and DEL (netns gone) plus a GC with no valid
@@ -129,10 +160,7 @@ func TestPodNetnsVanishingDuringAdd(t *testing.T) {
 	const rounds = 2
 	for _, fc := range faultConfigs {
 		t.Run(fc.name+" leaves nothing after DEL and GC when its netns vanishes mid-ADD", func(t *testing.T) {
-			f := newFixture(t)
-			if fc.conf.Chained {
-				f.primeHost(fc.conf)
-			}
+			f := primedFixture(t, fc.conf)
 			list := f.list("napitap-vanish", fc.conf)
 			base := f.snapshot()
 			outcomes := map[string]int{}
@@ -213,13 +241,7 @@ func TestPluginKilledDuringAdd(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0x6e61706974617031))
 	for _, fc := range faultConfigs {
 		t.Run(fc.name+" leaves nothing after DEL when napitap is killed mid-ADD", func(t *testing.T) {
-			f := newFixture(t)
-			if fc.conf.Chained {
-				f.primeHost(fc.conf)
-			}
-			list := f.list("napitap-kill", fc.conf)
-			p := newPodNS(t, "kill")
-			base := f.snapshot(p)
+			f, list, p, base := setUp(t, "kill", fc.conf)
 			outcomes := map[string]int{}
 			for i := 0; i < iterations; i++ {
 				delay := time.Duration(rng.IntN(20_001)) * time.Microsecond
@@ -269,13 +291,9 @@ func TestPluginKilledDuringAdd(t *testing.T) {
 						t.Fatalf("delay %v: ADD completed but %v", delay, err)
 					}
 				}
-				var afterNapitap func()
-				if final != nil {
-					// With the final result napitap's DEL gives the pod back
-					// exactly as the previous plugins left it.
-					afterNapitap = func() { f.requireSame(beforeAdd, "napitap's DEL after a completed ADD", p) }
-				}
-				if err := f.execDelChain(list, final, r, afterNapitap); err != nil {
+				// With the final result napitap's DEL gives the pod back
+				// exactly as the previous plugins left it.
+				if err := f.delChain(list, final, r, p, beforeAdd, "napitap's DEL after a completed ADD"); err != nil {
 					t.Fatalf("delay %v: %v", delay, err)
 				}
 				// Nothing left includes the DAN dir: a napitap killed inside
@@ -315,13 +333,7 @@ func TestNapitapdKilledWithLiveAttachments(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+" is served again with NAPI queues after napitapd is killed and restarted", func(t *testing.T) {
-			f := newFixture(t)
-			if tc.conf.Chained {
-				f.primeHost(tc.conf)
-			}
-			p := newPodNS(t, "restart")
-			base := f.snapshot(p)
-			list := f.list("napitap-restart", tc.conf)
+			f, list, p, base := setUp(t, "restart", tc.conf)
 			r := rt("restart-"+nstest.RandomSuffix(), p, tc.ifName)
 			want := f.expect(tc.conf, r.ContainerID, r.IfName)
 			res, err := f.env.Add(list, r)
@@ -429,15 +441,9 @@ func TestNapitapdDown(t *testing.T) {
 	for _, down := range downs {
 		for _, cc := range configs {
 			t.Run("ADD of "+cc.name+" with a required hand-off fails with code 11 and leaves nothing while napitapd is "+down.name, func(t *testing.T) {
-				f := newFixture(t)
 				c := cc.conf
 				c.Handoff = "required"
-				if c.Chained {
-					f.primeHost(c)
-				}
-				p := newPodNS(t, "down")
-				list := f.list("napitap-down", c)
-				base := f.snapshot(p)
+				f, list, p, base := setUp(t, "down", c)
 				down.stop(f.d)
 				r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
 				prev, err := f.execAddPrev(list, r)
@@ -460,15 +466,9 @@ func TestNapitapdDown(t *testing.T) {
 				f.requireSame(base, "after DEL, napitapd back", p)
 			})
 			t.Run("ADD of "+cc.name+" with an optional hand-off succeeds while napitapd is "+down.name+", and DEL cleans up", func(t *testing.T) {
-				f := newFixture(t)
 				c := cc.conf
 				c.Handoff = "optional"
-				if c.Chained {
-					f.primeHost(c)
-				}
-				p := newPodNS(t, "down")
-				list := f.list("napitap-down", c)
-				base := f.snapshot(p)
+				f, list, p, base := setUp(t, "down", c)
 				down.stop(f.d)
 				r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
 				res, err := f.env.Add(list, r)
@@ -493,15 +493,9 @@ func TestNapitapdDown(t *testing.T) {
 				f.requireSame(base, "after DEL", p)
 			})
 			t.Run("DEL of "+cc.name+" succeeds while napitapd is "+down.name+", and napitapd sweeps its record on restart", func(t *testing.T) {
-				f := newFixture(t)
 				c := cc.conf
 				c.Handoff = "required"
-				if c.Chained {
-					f.primeHost(c)
-				}
-				p := newPodNS(t, "down")
-				list := f.list("napitap-down", c)
-				base := f.snapshot(p)
+				f, list, p, base := setUp(t, "down", c)
 				r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
 				res, err := f.env.Add(list, r)
 				if err != nil {
@@ -534,13 +528,7 @@ func TestRacingAddsForOneAttachment(t *testing.T) {
 	const iterations = 15
 	for _, fc := range faultConfigs {
 		t.Run("two racing ADDs of "+fc.name+" give one attachment or none", func(t *testing.T) {
-			f := newFixture(t)
-			if fc.conf.Chained {
-				f.primeHost(fc.conf)
-			}
-			list := f.list("napitap-race", fc.conf)
-			p := newPodNS(t, "race")
-			base := f.snapshot(p)
+			f, list, p, base := setUp(t, "race", fc.conf)
 			outcomes := map[string]int{}
 			for i := 0; i < iterations; i++ {
 				r := rt(fmt.Sprintf("race-%s-%d", nstest.RandomSuffix(), i), p, fc.ifName)
@@ -596,11 +584,7 @@ func TestRacingAddsForOneAttachment(t *testing.T) {
 				if len(failures) > 0 && i == 0 {
 					t.Logf("the loser's error: %s", failures[0])
 				}
-				var afterNapitap func()
-				if winner != nil {
-					afterNapitap = func() { f.requireSame(beforeAdd, "napitap's DEL of the winner", p) }
-				}
-				if err := f.execDelChain(list, winner, r, afterNapitap); err != nil {
+				if err := f.delChain(list, winner, r, p, beforeAdd, "napitap's DEL of the winner"); err != nil {
 					t.Fatal(err)
 				}
 				f.requireSame(base, "after DEL", p)
@@ -625,13 +609,7 @@ func countTaps(t testing.TB, p *podNS) int {
 func TestAddRepeatedAfterSuccess(t *testing.T) {
 	for _, fc := range faultConfigs {
 		t.Run("a second ADD of "+fc.name+" fails clearly and leaves the first intact", func(t *testing.T) {
-			f := newFixture(t)
-			if fc.conf.Chained {
-				f.primeHost(fc.conf)
-			}
-			list := f.list("napitap-again", fc.conf)
-			p := newPodNS(t, "again")
-			base := f.snapshot(p)
+			f, list, p, base := setUp(t, "again", fc.conf)
 			r := rt("again-"+nstest.RandomSuffix(), p, fc.ifName)
 			prev, err := f.execAddPrev(list, r)
 			if err != nil {
@@ -663,8 +641,7 @@ func TestAddRepeatedAfterSuccess(t *testing.T) {
 			if danAfter, _ := os.ReadFile(f.danDir + "/" + r.ContainerID + ".json"); string(danAfter) != string(danBefore) {
 				t.Errorf("DAN file changed:\n%s\nwas\n%s", danAfter, danBefore)
 			}
-			afterNapitap := func() { f.requireSame(beforeAdd, "napitap's DEL", p) }
-			if err := f.execDelChain(list, final, r, afterNapitap); err != nil {
+			if err := f.delChain(list, final, r, p, beforeAdd, "napitap's DEL"); err != nil {
 				t.Fatal(err)
 			}
 			f.requireSame(base, "after DEL", p)
