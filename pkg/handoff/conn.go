@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // sendMsg writes v and files as one datagram.
@@ -109,19 +111,55 @@ func closeAll(files []*os.File) {
 	}
 }
 
-// peerCred returns the credentials the kernel recorded when the peer
-// connected; they cannot be forged by the peer.
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+// peer is who is on the other end of a connection, as the kernel recorded
+// it at connect time: the caller cannot forge it.
+type peer struct {
+	*unix.Ucred
+	pidfd int // -1 where the kernel has no SO_PEERPIDFD (before 6.5)
+}
+
+func peerCred(c *net.UnixConn) (*peer, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	var cred *unix.Ucred
+	p := &peer{pidfd: -1}
 	var credErr error
 	if err := rc.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		p.Ucred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if pidfd, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
+			p.pidfd = pidfd
+		}
 	}); err != nil {
 		return nil, err
 	}
-	return cred, credErr
+	if credErr != nil {
+		p.close()
+		return nil, credErr
+	}
+	return p, nil
+}
+
+// netns identifies the peer's network namespace. It reads it through the
+// pid, then makes sure, with the pidfd, that the pid still is the peer's:
+// a peer that exited could otherwise lend its pid to a process in another
+// pod's netns.
+func (p *peer) netns() (uint64, error) {
+	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", p.Pid))
+	if err != nil {
+		return 0, err
+	}
+	if p.pidfd >= 0 {
+		if err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0); err != nil {
+			return 0, fmt.Errorf("pid %d is no longer the peer's: %w", p.Pid, err)
+		}
+	}
+	return ino, nil
+}
+
+func (p *peer) close() {
+	if p.pidfd >= 0 {
+		unix.Close(p.pidfd)
+		p.pidfd = -1
+	}
 }

@@ -1150,7 +1150,7 @@ func TestMalformedRequests(t *testing.T) {
 				}
 			}
 			if tc.hangUp {
-				before-- // napitapd's end of the connection
+				before -= serverFDsPerConnection(t) // napitapd's end of the connection
 			}
 			waitFDs(t, before, "napitapd closes every fd it was sent and did not keep")
 
@@ -1595,4 +1595,22 @@ func TestSocketModeAndGroupAreEnforced(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serverFDsPerConnection is what napitapd holds per connection: its socket,
+// and a pidfd of the peer where the kernel has SO_PEERPIDFD.
+func serverFDsPerConnection(t *testing.T) int {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	pidfd, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	if err != nil {
+		return 1
+	}
+	unix.Close(pidfd)
+	return 2
 }

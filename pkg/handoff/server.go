@@ -127,6 +127,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		s.log.Error("no peer credentials, closing", "err", err)
 		return
 	}
+	defer cred.close()
 	for {
 		// A peer that keeps a connection open and says nothing holds a
 		// goroutine and an fd; let it go after a while.
@@ -165,7 +166,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 }
 
 // handle owns files: it keeps them (register) or closes them.
-func (s *Server) handle(b []byte, files []*os.File, cred *unix.Ucred) (*Response, []*os.File) {
+func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*os.File) {
 	req, perr := decodeRequest(b)
 	if perr != nil {
 		closeAll(files)
@@ -227,7 +228,7 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 	return nil
 }
 
-func (s *Server) fetch(key *Key, cred *unix.Ucred) (*Response, []*os.File) {
+func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, perr := s.find(key, cred)
@@ -268,14 +269,14 @@ func (s *Server) restore(resp *Response, files []*os.File) {
 }
 
 // find looks an attachment up by key, or by the caller's netns.
-func (s *Server) find(key *Key, cred *unix.Ucred) (*entry, *Error) {
+func (s *Server) find(key *Key, cred *peer) (*entry, *Error) {
 	if key != nil {
 		if e, ok := s.held[*key]; ok {
 			return e, nil
 		}
 		return nil, errorf(CodeNotFound, "no attachment %s", key)
 	}
-	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	ino, err := cred.netns()
 	if err != nil {
 		return nil, errorf(CodeDenied, "netns of pid %d: %v", cred.Pid, err)
 	}
@@ -296,11 +297,11 @@ func (s *Server) find(key *Key, cred *unix.Ucred) (*entry, *Error) {
 
 // authorize: root may fetch anything; anyone else only an attachment in
 // its own netns whose tap owner or group it is.
-func authorize(att *Attachment, cred *unix.Ucred) *Error {
+func authorize(att *Attachment, cred *peer) *Error {
 	if cred.Uid == 0 {
 		return nil
 	}
-	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
+	ino, err := cred.netns()
 	if err != nil || ino != att.NetnsInode {
 		return errorf(CodeDenied, "attachment %s: caller pid %d is not in the attachment's netns", att.Key, cred.Pid)
 	}
@@ -371,11 +372,11 @@ func (s *Server) release(match func(*Attachment) bool) int {
 	return n
 }
 
-func (s *Server) list(cred *unix.Ucred) []Attachment {
+func (s *Server) list(cred *peer) []Attachment {
 	var ino uint64
 	if cred.Uid != 0 {
 		var err error
-		if ino, err = tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid)); err != nil {
+		if ino, err = cred.netns(); err != nil {
 			return nil
 		}
 	}
