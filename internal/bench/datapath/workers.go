@@ -449,16 +449,11 @@ func (c *cellRun) writeTCP(f *flow) {
 			continue
 		}
 		frame := seg.segment(seq, ack, tsval, st.tsecr.Load(), n)
-		if _, err := unix.Write(fd, frame); err != nil {
-			switch {
-			case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOBUFS):
-				_, _ = unix.Poll(pfdOut, 1)
-				continue
-			case errors.Is(err, unix.EINTR):
-				continue
-			}
+		if written, err := writeFrame(fd, frame, pfdOut); err != nil {
 			c.fail(fmt.Errorf("flow %d: write: %w", f.idx, err))
 			return
+		} else if !written {
+			continue
 		}
 		seq += uint32(n)
 		frames++
@@ -524,16 +519,11 @@ func (c *cellRun) writeUDP(f *flow) {
 				}
 			}
 		}
-		if _, err := unix.Write(fd, frame); err != nil {
-			switch {
-			case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOBUFS):
-				_, _ = unix.Poll(pfdOut, 1)
-				continue
-			case errors.Is(err, unix.EINTR):
-				continue
-			}
+		if written, err := writeFrame(fd, frame, pfdOut); err != nil {
 			c.fail(fmt.Errorf("flow %d: write: %w", f.idx, err))
 			return
+		} else if !written {
+			continue
 		}
 		frames++
 	}
@@ -597,4 +587,21 @@ func (c *cellRun) receiveUDP(f *flow) {
 	}
 	runtime.KeepAlive(bufs)
 	runtime.KeepAlive(iovs)
+}
+
+// writeFrame writes one frame into a queue fd as a VMM does. A full queue
+// (EAGAIN, ENOBUFS) waits a little for room and an interrupted write is
+// retried by the caller: both report false with no error.
+func writeFrame(fd int, frame []byte, pfdOut []unix.PollFd) (bool, error) {
+	_, err := unix.Write(fd, frame)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOBUFS):
+		_, _ = unix.Poll(pfdOut, 1)
+		return false, nil
+	case errors.Is(err, unix.EINTR):
+		return false, nil
+	}
+	return false, err
 }
