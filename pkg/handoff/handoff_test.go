@@ -626,22 +626,43 @@ func TestFetchThatCannotBeDeliveredIsKept(t *testing.T) {
 	if err := sendRaw(conn, mustJSON(t, handoff.Request{Version: handoff.Version, Op: handoff.OpFetch, Key: &key}), nil); err != nil {
 		t.Fatal(err)
 	}
-	// napitapd hangs up after the failed send.
-	waitFor(t, "napitapd to take the fds back", func() bool { return d.srv.HeldFDs() == 4 })
+	// napitapd takes the fds back, then hangs up. HeldFDs alone cannot
+	// tell: it is 4 before the fetch too.
+	waitHangup(t, conn)
+	if n := d.srv.HeldFDs(); n != 4 {
+		t.Fatalf("napitapd holds %d fds after the failed send, want 4", n)
+	}
 	checkAttached(t, pod, tap, 4)
 
 	fetchQueues(t, c, key, tap, 4, "Fetch after the failed hand-off")
 	checkAttached(t, pod, tap, 4)
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
+// waitHangup waits until the other end of conn is closed.
+func waitHangup(t testing.TB, conn *net.UnixConn) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var revents int16
+	var perr error
+	if err := rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd)}}
+		// POLLHUP is reported whatever is asked for.
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+			if _, perr = unix.Poll(pfd, 100); perr != nil && perr != unix.EINTR {
+				return
+			}
+			if revents = pfd[0].Revents; revents&unix.POLLHUP != 0 {
+				return
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if revents&unix.POLLHUP == 0 {
+		t.Fatalf("napitapd did not hang up (revents %#x, poll error %v)", revents, perr)
 	}
 }
 
