@@ -489,6 +489,24 @@ func TestFetchAgain(t *testing.T) {
 	}
 }
 
+// TestFetchRightAfterClose: a VMM that restarts at once may ask again
+// before napitapd has closed its own copies of the fds it just sent. That
+// fetch must wait for them, not find the queues still attached.
+func TestFetchRightAfterClose(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod, d, c := newPodAndDaemon(t)
+	key := handoff.Key{ContainerID: "restart", IfName: "net1"}
+	const tap = "napiho3"
+	registerNew(t, c, pod, key, tap, 4)
+	for i := range 200 {
+		files := fetchQueues(t, c, key, tap, 4, fmt.Sprintf("fetch %d", i))
+		tapsetup.CloseQueues(files)
+	}
+	if n := d.srv.HeldFDs(); n != 0 {
+		t.Errorf("server holds %d fds, want 0", n)
+	}
+}
+
 // setQueue detaches or re-attaches a queue (TUNSETQUEUE), as QEMU does for
 // the queue pairs the guest has not enabled (DESIGN.md fact 3).
 func setQueue(f *os.File, flag uint16) error {

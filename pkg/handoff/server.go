@@ -26,6 +26,10 @@ import (
 // idleTimeout is how long a connection may wait between requests.
 const idleTimeout = time.Minute
 
+// sendTimeout bounds an answer to a peer that does not read it; its fds
+// are then taken back.
+const sendTimeout = 5 * time.Second
+
 // Server holds queue fds for attachments and hands them to runtimes.
 type Server struct {
 	stateDir string
@@ -38,6 +42,9 @@ type Server struct {
 type entry struct {
 	att   Attachment
 	files []*os.File // empty after a fetch or a restart: reopened on demand
+	// sending is closed when napitapd has closed its copies of the fds of
+	// the last fetch, or taken them back; nil when no answer is on its way.
+	sending chan struct{}
 }
 
 // NewServer loads the attachments recorded under stateDir. Their fds died
@@ -150,6 +157,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		if resp.Error != nil {
 			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid, "code", resp.Error.Code, "err", resp.Error.Message)
 		}
+		_ = conn.SetWriteDeadline(time.Now().Add(sendTimeout))
 		if err := sendMsg(conn, resp, out); err != nil {
 			s.log.Error("send response", "pid", cred.Pid, "err", err)
 			s.restore(resp, out)
@@ -162,6 +170,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		}
 		// The runtime now holds the only copies (DESIGN.md fact 7).
 		closeAll(out)
+		s.sent(resp)
 	}
 }
 
@@ -238,6 +247,21 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	if perr := authorize(&e.att, cred); perr != nil {
 		return &Response{Error: perr}, nil
 	}
+	if len(e.files) == 0 && e.sending != nil {
+		// A VMM that restarts at once can ask before napitapd has closed
+		// its copies of the last answer's fds; reopen would find the
+		// queues attached.
+		sending := e.sending
+		s.mu.Unlock()
+		select {
+		case <-sending:
+		case <-time.After(sendTimeout):
+		}
+		s.mu.Lock()
+		if s.held[e.att.Key] != e {
+			return &Response{Error: errorf(CodeNotFound, "no attachment %s", e.att.Key)}, nil
+		}
+	}
 	files := e.files
 	if len(files) == 0 {
 		var perr *Error
@@ -246,6 +270,9 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 		}
 	}
 	e.files = nil
+	if e.sending == nil {
+		e.sending = make(chan struct{})
+	}
 	att := e.att
 	att.Held = 0
 	e.att.Held = 0
@@ -261,11 +288,34 @@ func (s *Server) restore(resp *Response, files []*os.File) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.held[resp.Attachment.Key]; ok && len(e.files) == 0 {
+	e, ok := s.held[resp.Attachment.Key]
+	if ok && len(e.files) == 0 {
 		e.files, e.att.Held = files, len(files)
+	} else {
+		closeAll(files)
+	}
+	if ok {
+		e.doneSending()
+	}
+}
+
+// sent marks the answer to a fetch delivered and napitapd's copies closed.
+func (s *Server) sent(resp *Response) {
+	if resp.Attachment == nil {
 		return
 	}
-	closeAll(files)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.held[resp.Attachment.Key]; ok {
+		e.doneSending()
+	}
+}
+
+func (e *entry) doneSending() {
+	if e.sending != nil {
+		close(e.sending)
+		e.sending = nil
+	}
 }
 
 // find looks an attachment up by key, or by the caller's netns.
@@ -362,6 +412,7 @@ func (s *Server) release(match func(*Attachment) bool) int {
 			continue
 		}
 		closeAll(e.files)
+		e.doneSending()
 		if err := os.Remove(s.statePath(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("remove state", "attachment", key.String(), "err", err)
 		}
@@ -420,6 +471,7 @@ func (s *Server) Close() {
 	for _, e := range s.held {
 		closeAll(e.files)
 		e.files = nil
+		e.doneSending()
 	}
 }
 
