@@ -663,23 +663,18 @@ func waitHangup(t testing.TB, conn *net.UnixConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var revents int16
+	// POLLHUP is reported whatever is asked for.
+	pfd := []unix.PollFd{{}}
 	var perr error
 	if err := rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd)}}
-		// POLLHUP is reported whatever is asked for.
-		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-			if _, perr = unix.Poll(pfd, 100); perr != nil && perr != unix.EINTR {
-				return
-			}
-			if revents = pfd[0].Revents; revents&unix.POLLHUP != 0 {
-				return
-			}
+		pfd[0].Fd = int32(fd)
+		for perr = unix.EINTR; perr == unix.EINTR; {
+			_, perr = unix.Poll(pfd, 3000)
 		}
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if revents&unix.POLLHUP == 0 {
+	if revents := pfd[0].Revents; revents&unix.POLLHUP == 0 {
 		t.Fatalf("napitapd did not hang up (revents %#x, poll error %v)", revents, perr)
 	}
 }
