@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/tapsetup"
+	"github.com/napitap/napitap/pkg/tunperm"
 )
 
 // sendMsg writes v and files as one datagram.
@@ -124,14 +125,20 @@ func peerCred(c *net.UnixConn) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{pidfd: -1}
-	var credErr error
+	var credErr, pidfdErr error
 	if err := rc.Control(func(fd uintptr) {
 		p.Ucred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if pidfd, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
-			p.pidfd = pidfd
-		}
+		p.pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	}); err != nil {
 		return nil, err
+	}
+	if pidfdErr != nil {
+		p.pidfd = -1
+		// Only a kernel without it may go on without it; any other failure
+		// (EMFILE included) would leave the pid unconfirmed.
+		if !errors.Is(pidfdErr, unix.ENOPROTOOPT) {
+			credErr = errors.Join(credErr, fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr))
+		}
 	}
 	if credErr != nil {
 		p.close()
@@ -140,21 +147,54 @@ func peerCred(c *net.UnixConn) (*peer, error) {
 	return p, nil
 }
 
-// netns identifies the peer's network namespace. It reads it through the
-// pid, then makes sure, with the pidfd, that the pid still is the peer's:
-// a peer that exited could otherwise lend its pid to a process in another
-// pod's netns.
-func (p *peer) netns() (uint64, error) {
-	ino, err := tapsetup.NetnsInode(fmt.Sprintf("/proc/%d/ns/net", p.Pid))
+// errPeerGone: the peer exited, and its pid may already be another
+// process's.
+var errPeerGone = errors.New("the peer has exited")
+
+// identity is the peer's netns and its credentials as the kernel's tap
+// permission check sees them.
+type identity struct {
+	netnsID uint64
+	creds   tunperm.Creds
+}
+
+// identify reads the peer's netns and credentials through its pid, then
+// makes sure, with the pidfd, that the pid still is the peer's: a peer that
+// exited could otherwise lend its pid to a process in another pod's netns.
+// The pidfd is polled, not signalled: a signal needs kill permission over
+// the peer, which napitapd's capabilities (NET_ADMIN, SYS_ADMIN,
+// SYS_PTRACE) do not give over a non-root VMM.
+func (p *peer) identify() (*identity, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", p.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+		return nil, errPeerGone
+	}
 	if err != nil {
-		return 0, err
+		return nil, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
+	}
+	defer unix.Close(fd)
+	var id identity
+	if id.netnsID, err = tapsetup.NetnsIDOf(fd); err != nil {
+		return nil, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
+	}
+	if id.creds, err = tunperm.Of(int(p.Pid), fd); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errPeerGone
+		}
+		return nil, fmt.Errorf("credentials of pid %d: %w", p.Pid, err)
 	}
 	if p.pidfd >= 0 {
-		if err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0); err != nil {
-			return 0, fmt.Errorf("pid %d is no longer the peer's: %w", p.Pid, err)
+		// A pidfd polls readable once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		if err != nil {
+			return nil, fmt.Errorf("poll pidfd of pid %d: %w", p.Pid, err)
+		}
+		if n > 0 {
+			return nil, errPeerGone
 		}
 	}
-	return ino, nil
+	return &id, nil
 }
 
 func (p *peer) close() {

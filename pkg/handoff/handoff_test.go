@@ -145,9 +145,20 @@ func queueFlags(queues int) tapsetup.QueueFlags {
 // does, in pod. The queues are closed when the test ends at the latest.
 func newTap(t testing.TB, pod *nstest.NetNS, name string, queues int, owner, group *uint32) []*os.File {
 	t.Helper()
-	var files []*os.File
 	// By path, not pod's handle: replaceNetns may have put a new netns there.
-	err := ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error {
+	return newOwnedTapAt(t, pod.Path(), name, queues, owner, group)
+}
+
+// newTapAt is newTap in the netns at path, with neither owner nor group.
+func newTapAt(t testing.TB, path, name string, queues int) []*os.File {
+	t.Helper()
+	return newOwnedTapAt(t, path, name, queues, nil, nil)
+}
+
+func newOwnedTapAt(t testing.TB, path, name string, queues int, owner, group *uint32) []*os.File {
+	t.Helper()
+	var files []*os.File
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
 		var err error
 		_, files, err = tapsetup.Create(tapsetup.Spec{
 			Name: name, Queues: queues, Flags: queueFlags(queues), VnetHdrSize: 12, Owner: owner, Group: group,
@@ -155,7 +166,7 @@ func newTap(t testing.TB, pod *nstest.NetNS, name string, queues int, owner, gro
 		return err
 	})
 	if err != nil {
-		t.Fatalf("in netns %s: %v", pod.Name, err)
+		t.Fatalf("in netns %s: %v", path, err)
 	}
 	t.Cleanup(func() { tapsetup.CloseQueues(files) })
 	return files
@@ -168,14 +179,32 @@ func attachmentFor(pod *nstest.NetNS, key handoff.Key, network, tap string, queu
 	}
 }
 
-// register hands the queues to napitapd and closes the local copies, as
-// the CNI binary does before it exits.
+// register marks the tap as the attachment's, hands the queues to
+// napitapd and closes the local copies, as the CNI binary does before it
+// exits.
 func register(t testing.TB, c *handoff.Client, att *handoff.Attachment, queues []*os.File) {
 	t.Helper()
+	markTap(t, att)
 	err := c.Register(att, queues)
 	tapsetup.CloseQueues(queues)
 	if err != nil {
 		t.Fatalf("Register(%s): %v", att.Key, err)
+	}
+}
+
+// markTap sets the ifalias ADD gives the tap of att: napitapd reopens and
+// keeps only a tap marked as the attachment's.
+func markTap(t testing.TB, att *handoff.Attachment) {
+	t.Helper()
+	err := ns.WithNetNSPath(att.Netns, func(ns.NetNS) error {
+		link, err := netlink.LinkByName(att.TapName)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetAlias(link, tapsetup.OwnerAlias(att.ContainerID, att.IfName))
+	})
+	if err != nil {
+		t.Fatalf("mark tap %q in netns %s: %v", att.TapName, att.Netns, err)
 	}
 }
 
@@ -312,9 +341,15 @@ func listed(t testing.TB, c *handoff.Client) map[handoff.Key]handoff.Attachment 
 
 func openFDs(t testing.TB) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
+	return fdsOf(t, "self")
+}
+
+// fdsOf counts the open fds of the process pid ("self" for this one).
+func fdsOf(t testing.TB, pid string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/" + pid + "/fd")
 	if err != nil {
-		t.Fatalf("read /proc/self/fd: %v", err)
+		t.Fatalf("read /proc/%s/fd: %v", pid, err)
 	}
 	return len(ents)
 }
@@ -385,7 +420,7 @@ func TestRoundTrip(t *testing.T) {
 			if !ok || len(atts) != 1 {
 				t.Fatalf("List = %+v, want only %s", atts, key)
 			}
-			if got.Held != tc.queues || got.Queues != tc.queues || got.TapName != tap || got.Netns != pod.Path() || got.NetnsInode == 0 || !got.NAPI {
+			if got.Held != tc.queues || got.Queues != tc.queues || got.TapName != tap || got.Netns != pod.Path() || got.NetnsID == 0 || !got.NAPI {
 				t.Errorf("List shows %+v, want held=queues=%d, tap %s in %s with its netns inode, NAPI", got, tc.queues, tap, pod.Path())
 			}
 			if n := d.srv.HeldFDs(); n != tc.queues {
@@ -717,7 +752,7 @@ func TestRestartRecovery(t *testing.T) {
 			if !ok || len(atts) != 1 {
 				t.Fatalf("after the restart List = %+v, want only %s", atts, key)
 			}
-			if got.Held != 0 || got.Queues != tc.queues || got.TapName != tap || got.NetnsInode == 0 {
+			if got.Held != 0 || got.Queues != tc.queues || got.TapName != tap || got.NetnsID == 0 {
 				t.Errorf("after the restart List shows %+v, want held 0 of %d queues of %s", got, tc.queues, tap)
 			}
 			if n := second.srv.HeldFDs(); n != 0 {
@@ -742,9 +777,10 @@ func TestRestartDropsStateItCannotTrust(t *testing.T) {
 	tapsetup.CloseQueues(newTap(t, pod, tap, 2, nil, nil))
 	valid := func(cid string) *handoff.Attachment {
 		a := attachmentFor(pod, handoff.Key{ContainerID: cid, IfName: "net1"}, "net-a", tap, 2)
-		a.NetnsInode = inode(t, pod.Path())
+		a.NetnsID = netnsID(t, pod.Path())
 		return a
 	}
+	markTap(t, valid("good"))
 	// validBut is the state file of valid(cid) changed by mutate.
 	validBut := func(cid string, mutate func(a *handoff.Attachment)) func() []byte {
 		return func() []byte {
@@ -766,8 +802,10 @@ func TestRestartDropsStateItCannotTrust(t *testing.T) {
 			validBut("bad", func(a *handoff.Attachment) { a.Queues = 0 }), false},
 		{"a state file whose netns is gone is dropped", "gone:net1.json",
 			validBut("gone", func(a *handoff.Attachment) { a.Netns = "/run/netns/napitap-handoff-gone" }), false},
-		{"a state file whose netns inode is another netns is dropped", "moved:net1.json",
-			validBut("moved", func(a *handoff.Attachment) { a.NetnsInode = hostNetnsInode(t) }), false},
+		{"a state file whose netns id is another netns's is dropped", "moved:net1.json",
+			validBut("moved", func(a *handoff.Attachment) { a.NetnsID = hostNetnsID(t) }), false},
+		{"a state file from before netns ids (an inode only) is dropped", "old:net1.json",
+			validBut("old", func(a *handoff.Attachment) { a.NetnsID = 0 }), false},
 		{"a state file whose tap is gone is dropped", "notap:net1.json",
 			validBut("notap", func(a *handoff.Attachment) { a.TapName = "napihoz" }), false},
 	}
@@ -1270,7 +1308,7 @@ func TestHelperProcess(t *testing.T) {
 
 type helperResult struct {
 	Uid, Gid    int
-	NetnsInode  uint64
+	NetnsID     uint64
 	Code        string // "" on success, the protocol code, or "error"
 	Err         string
 	FDs         int
@@ -1296,19 +1334,29 @@ func runHelper() int {
 			return fail("setns %s: %v", p, err)
 		}
 	}
-	var res helperResult
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
-		return fail("stat own netns: %v", err)
+	if socket := os.Getenv("NAPITAP_HELPER_DAEMON"); socket != "" {
+		return runDaemonHelper(socket, os.Getenv("NAPITAP_HELPER_STATE"))
 	}
-	res.NetnsInode = st.Ino
+	var res helperResult
+	var err error
+	if res.NetnsID, err = tapsetup.NetnsID("/proc/thread-self/ns/net"); err != nil {
+		return fail("own netns: %v", err)
+	}
 	if s := os.Getenv("NAPITAP_HELPER_UID"); s != "" {
 		uid, err1 := strconv.Atoi(s)
 		gid, err2 := strconv.Atoi(os.Getenv("NAPITAP_HELPER_GID"))
 		if err := errors.Join(err1, err2); err != nil {
 			return fail("uid/gid: %v", err)
 		}
-		if err := syscall.Setgroups([]int{}); err != nil {
+		var groups []int
+		for _, g := range strings.Fields(os.Getenv("NAPITAP_HELPER_GROUPS")) {
+			n, err := strconv.Atoi(g)
+			if err != nil {
+				return fail("groups: %v", err)
+			}
+			groups = append(groups, n)
+		}
+		if err := syscall.Setgroups(groups); err != nil {
 			return fail("setgroups: %v", err)
 		}
 		if err := syscall.Setresgid(gid, gid, gid); err != nil {
@@ -1326,7 +1374,6 @@ func runHelper() int {
 		cid, ifName, _ := strings.Cut(s, "/")
 		key = &handoff.Key{ContainerID: cid, IfName: ifName}
 	}
-	var err error
 	switch op := os.Getenv("NAPITAP_HELPER_OP"); op {
 	case "fetch":
 		var files []*os.File
@@ -1387,6 +1434,7 @@ func runHelper() int {
 type helperArgs struct {
 	netns    string // "" stays in the test's netns
 	uid, gid *int   // nil stays root
+	groups   []int  // supplementary groups of a non-root peer
 	op       string
 	key      *handoff.Key
 	att      *handoff.Attachment
@@ -1400,7 +1448,8 @@ func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
 	cmd.Env = append(os.Environ(), helperEnv+"=1",
 		"NAPITAP_HELPER_SOCKET="+socket, "NAPITAP_HELPER_NETNS="+a.netns, "NAPITAP_HELPER_OP="+a.op)
 	if a.uid != nil {
-		cmd.Env = append(cmd.Env, fmt.Sprintf("NAPITAP_HELPER_UID=%d", *a.uid), fmt.Sprintf("NAPITAP_HELPER_GID=%d", *a.gid))
+		cmd.Env = append(cmd.Env, fmt.Sprintf("NAPITAP_HELPER_UID=%d", *a.uid), fmt.Sprintf("NAPITAP_HELPER_GID=%d", *a.gid),
+			"NAPITAP_HELPER_GROUPS="+strings.Trim(fmt.Sprint(a.groups), "[]"))
 	}
 	if a.key != nil {
 		cmd.Env = append(cmd.Env, "NAPITAP_HELPER_KEY="+a.key.String())
@@ -1437,152 +1486,28 @@ func sharedSockDir(t testing.TB) string {
 	return dir
 }
 
-func TestAuthorization(t *testing.T) {
-	nstest.RequireRoot(t)
-	// The socket must be reachable for uid 107: a world-searchable dir and
-	// a 0666 socket.
-	sockDir := sharedSockDir(t)
-	d := startDaemon(t, filepath.Join(t.TempDir(), "state"), filepath.Join(sockDir, "napitapd.sock"), 0o666)
-	root := d.client()
-	other := nstest.New(t, "handoff")
-
-	const owner, group, stranger = 107, 108, 3000
-	const queues = 4
-	const tap = "napiho7"
-	key := handoff.Key{ContainerID: "vm", IfName: "net1"}
-
-	type where int
-	const (
-		inPod where = iota
-		inOther
-		inHost
-	)
-	cases := []struct {
-		name      string
-		where     where
-		uid, gid  *int
-		op        string
-		byNetns   bool // fetch without a key
-		wantCode  string
-		wantFDs   int
-		wantList  []string
-		keepsHeld bool // napitapd still holds the queues afterwards
-	}{
-		{name: "the tap owner in the pod netns gets the queues", where: inPod, uid: ptr(owner), gid: ptr(stranger), op: "fetch", wantFDs: queues},
-		{name: "a member of the tap group in the pod netns gets the queues", where: inPod, uid: ptr(stranger), gid: ptr(group), op: "fetch", wantFDs: queues},
-		{name: "the tap owner fetching by its own netns without a key gets the queues", where: inPod, uid: ptr(owner), gid: ptr(owner), op: "fetch", byNetns: true, wantFDs: queues},
-		{name: "root in another netns gets the queues", where: inOther, op: "fetch", wantFDs: queues},
-		{name: "another uid and gid in the pod netns are denied", where: inPod, uid: ptr(stranger), gid: ptr(stranger), op: "fetch", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "the tap owner in another netns is denied", where: inOther, uid: ptr(owner), gid: ptr(group), op: "fetch", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "the tap owner in the host netns is denied", where: inHost, uid: ptr(owner), gid: ptr(group), op: "fetch", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "the tap owner in another netns fetching by netns finds nothing", where: inOther, uid: ptr(owner), gid: ptr(group), op: "fetch", byNetns: true, wantCode: handoff.CodeNotFound, keepsHeld: true},
-		{name: "a release by the tap owner is denied", where: inPod, uid: ptr(owner), gid: ptr(group), op: "release", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "a gc by the tap owner is denied", where: inPod, uid: ptr(owner), gid: ptr(group), op: "gc", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "a register by the tap owner is denied and its fds are closed", where: inPod, uid: ptr(owner), gid: ptr(group), op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
-		{name: "a list by a non-root peer in another netns is empty", where: inOther, uid: ptr(owner), gid: ptr(group), op: "list", keepsHeld: true},
-		{name: "a list by a non-root peer in the pod netns shows that pod's attachment", where: inPod, uid: ptr(stranger), gid: ptr(stranger), op: "list", wantList: []string{key.String()}, keepsHeld: true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			pod := nstest.New(t, "handoff")
-			register(t, root, withOwner(attachmentFor(pod, key, "net-a", tap, queues), owner, group),
-				newTap(t, pod, tap, queues, ptr[uint32](owner), ptr[uint32](group)))
-			t.Cleanup(func() { _ = root.Release(key) })
-
-			args := helperArgs{uid: tc.uid, gid: tc.gid, op: tc.op}
-			var wantIno uint64
-			switch tc.where {
-			case inPod:
-				args.netns = pod.Path()
-				wantIno = inode(t, pod.Path())
-			case inOther:
-				args.netns = other.Path()
-				wantIno = inode(t, other.Path())
-			default:
-				wantIno = hostNetnsInode(t)
-			}
-			if !tc.byNetns {
-				args.key = &key
-			}
-			if tc.op == "register" {
-				args.key = nil
-				args.att = withOwner(attachmentFor(pod, handoff.Key{ContainerID: "forged", IfName: "net1"}, "net-a", tap, 2), owner, group)
-			}
-			before := settledFDs(t)
-			res := runPeer(t, d.socket, args)
-			t.Logf("peer: %+v", res)
-
-			// The peer is who and where the case says.
-			wantUID, wantGID := 0, 0
-			if tc.uid != nil {
-				wantUID, wantGID = *tc.uid, *tc.gid
-			}
-			if res.Uid != wantUID || res.Gid != wantGID || res.NetnsInode != wantIno {
-				t.Fatalf("peer ran as %d/%d in netns %d, want %d/%d in %d", res.Uid, res.Gid, res.NetnsInode, wantUID, wantGID, wantIno)
-			}
-
-			if res.Code != tc.wantCode {
-				t.Errorf("code %q (%s), want %q", res.Code, res.Err, tc.wantCode)
-			}
-			if res.FDs != tc.wantFDs {
-				t.Errorf("peer got %d fds, want %d", res.FDs, tc.wantFDs)
-			}
-			if tc.wantFDs > 0 {
-				if !res.NAPI || len(res.TapNames) != tc.wantFDs || slices.IndexFunc(res.TapNames, func(n string) bool { return n != tap }) >= 0 {
-					t.Errorf("peer got queues of %v, NAPI=%v, want %d NAPI queues of %s", res.TapNames, res.NAPI, tc.wantFDs, tap)
-				}
-			}
-			if tc.op == "list" && !slices.Equal(res.Attachments, tc.wantList) {
-				t.Errorf("peer lists %v, want %v", res.Attachments, tc.wantList)
-			}
-
-			wantHeld := 0
-			if tc.keepsHeld {
-				wantHeld = queues
-			}
-			if n := d.srv.HeldFDs(); n != wantHeld {
-				t.Errorf("napitapd holds %d fds, want %d", n, wantHeld)
-			}
-			if a, ok := listed(t, root)[key]; !ok || a.Held != wantHeld {
-				t.Errorf("root lists %+v (present %v), want %s holding %d", a, ok, key, wantHeld)
-			}
-			if _, ok := listed(t, root)[handoff.Key{ContainerID: "forged", IfName: "net1"}]; ok {
-				t.Errorf("a non-root register went through")
-			}
-			// A peer that got the queues has exited: they are detached now.
-			if tc.wantFDs > 0 {
-				checkAttached(t, pod, tap, 0)
-			} else {
-				checkAttached(t, pod, tap, queues)
-			}
-			// napitapd kept nothing a peer sent it or it refused to hand out.
-			waitFDs(t, before-(queues-wantHeld), "after the peer exited")
-		})
-	}
-}
-
 func withOwner(a *handoff.Attachment, owner, group uint32) *handoff.Attachment {
 	a.Owner, a.Group = &owner, &group
 	return a
 }
 
-// hostNetnsInode is the netns of this test's threads. Not /proc/self: that
+// hostNetnsID is the netns of this test's threads. Not /proc/self: that
 // is the main thread's, which a goroutine that locked it and exited inside
 // a pod netns (tapsetup's sysfs helper does so on purpose) leaves there.
-func hostNetnsInode(t testing.TB) uint64 {
+func hostNetnsID(t testing.TB) uint64 {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	return inode(t, "/proc/thread-self/ns/net")
+	return netnsID(t, "/proc/thread-self/ns/net")
 }
 
-func inode(t testing.TB, path string) uint64 {
+func netnsID(t testing.TB, path string) uint64 {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
+	id, err := tapsetup.NetnsID(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Ino
+	return id
 }
 
 // TestSocketModeAndGroupAreEnforced: with the default 0660 and a socket

@@ -94,9 +94,10 @@ type Attachment struct {
 	Wiring string `json:"wiring,omitempty"`
 	Bridge string `json:"bridge,omitempty"`
 
-	// Set by napitapd.
-	NetnsInode uint64 `json:"netnsInode,omitempty"`
-	Held       int    `json:"held"` // queue fds napitapd holds right now
+	// Set by napitapd: the netns's unique id (tapsetup.NetnsID), never an
+	// inode, which the kernel reuses.
+	NetnsID uint64 `json:"netnsID,omitempty"`
+	Held    int    `json:"held"` // queue fds napitapd holds right now
 }
 
 // Validate checks what napitapd will act on.

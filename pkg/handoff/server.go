@@ -20,7 +20,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/tapsetup"
+	"github.com/napitap/napitap/pkg/tunperm"
 )
 
 // idleTimeout is how long a connection may wait between requests.
@@ -50,8 +52,8 @@ type entry struct {
 // NewServer loads the attachments recorded under stateDir. Their fds died
 // with the previous napitapd; fetch reopens them in the pod netns.
 func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("state dir %s: %w", stateDir, err)
+	if err := safefile.TrustedDir(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}}
 	// A napitapd killed between write and rename leaves these behind.
@@ -88,8 +90,8 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 // Listen makes the socket: stale ones removed, mode and group applied
 // before anyone can connect.
 func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
+	if err := safefile.TrustedDir(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("socket dir: %w", err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
@@ -216,10 +218,10 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 		closeAll(files)
 		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), att.Queues)
 	}
-	ino, err := tapsetup.NetnsInode(att.Netns)
+	id, err := tapsetup.NetnsID(att.Netns)
 	if err != nil {
 		closeAll(files)
-		return errorf(CodeUnavailable, "attachment %s: netns %s: %v", att.Key, att.Netns, err)
+		return errorf(CodeUnavailable, "attachment %s: %v", att.Key, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -227,7 +229,7 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 		closeAll(files)
 		return errorf(CodeExists, "attachment %s is already registered", att.Key)
 	}
-	att.NetnsInode, att.Held = ino, len(files)
+	att.NetnsID, att.Held = id, len(files)
 	if err := s.writeState(att); err != nil {
 		closeAll(files)
 		return errorf(CodeInternal, "attachment %s: %v", att.Key, err)
@@ -240,11 +242,19 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, perr := s.find(key, cred)
+	var who *identity
+	if cred.Uid != 0 || key == nil {
+		var err error
+		if who, err = cred.identify(); err != nil {
+			return &Response{Error: identifyError(cred, err)}, nil
+		}
+	}
+	root := cred.Uid == 0
+	e, perr := s.find(key, who, root)
 	if perr != nil {
 		return &Response{Error: perr}, nil
 	}
-	if perr := authorize(&e.att, cred); perr != nil {
+	if perr := authorize(&e.att, who, root); perr != nil {
 		return &Response{Error: perr}, nil
 	}
 	if len(e.files) == 0 && e.sending != nil {
@@ -318,21 +328,20 @@ func (e *entry) doneSending() {
 	}
 }
 
-// find looks an attachment up by key, or by the caller's netns.
-func (s *Server) find(key *Key, cred *peer) (*entry, *Error) {
+// find looks an attachment up by key, or by the caller's netns (who).
+// Root may name any attachment; anyone else finds only those in its own
+// netns, and one it may not see is answered as one that does not exist, so
+// that a key cannot be probed from another pod.
+func (s *Server) find(key *Key, who *identity, root bool) (*entry, *Error) {
 	if key != nil {
-		if e, ok := s.held[*key]; ok {
+		if e, ok := s.held[*key]; ok && (root || e.att.NetnsID == who.netnsID) {
 			return e, nil
 		}
 		return nil, errorf(CodeNotFound, "no attachment %s", key)
 	}
-	ino, err := cred.netns()
-	if err != nil {
-		return nil, errorf(CodeDenied, "netns of pid %d: %v", cred.Pid, err)
-	}
 	var found []*entry
 	for _, e := range s.held {
-		if e.att.NetnsInode == ino {
+		if e.att.NetnsID == who.netnsID {
 			found = append(found, e)
 		}
 	}
@@ -345,40 +354,58 @@ func (s *Server) find(key *Key, cred *peer) (*entry, *Error) {
 	return nil, errorf(CodeBadRequest, "%d attachments in the caller's netns: name one", len(found))
 }
 
+// identifyError: a peer that went away is refused; napitapd failing to
+// read a live peer is napitapd's failure, and says so.
+func identifyError(cred *peer, err error) *Error {
+	if errors.Is(err, errPeerGone) {
+		return errorf(CodeDenied, "pid %d: %v", cred.Pid, err)
+	}
+	return errorf(CodeInternal, "pid %d: %v", cred.Pid, err)
+}
+
 // authorize: root may fetch anything; anyone else only an attachment in
-// its own netns whose tap owner or group it is.
-func authorize(att *Attachment, cred *peer) *Error {
-	if cred.Uid == 0 {
+// its own netns, and only if the kernel would let it attach the tap's
+// queues itself (tun_not_capable: owner AND group where both are set).
+func authorize(att *Attachment, who *identity, root bool) *Error {
+	if root {
 		return nil
 	}
-	ino, err := cred.netns()
-	if err != nil || ino != att.NetnsInode {
-		return errorf(CodeDenied, "attachment %s: caller pid %d is not in the attachment's netns", att.Key, cred.Pid)
+	if who.netnsID != att.NetnsID {
+		return errorf(CodeNotFound, "no attachment %s", att.Key)
 	}
-	if (att.Owner != nil && *att.Owner == cred.Uid) || (att.Group != nil && *att.Group == cred.Gid) {
+	if tunperm.MayAttach(who.creds, att.Owner, att.Group) {
 		return nil
 	}
-	return errorf(CodeDenied, "attachment %s: uid %d gid %d match neither the tap's owner nor group", att.Key, cred.Uid, cred.Gid)
+	return errorf(CodeDenied, "attachment %s: uid %d gid %d may not attach tap %q (owner %s, group %s)",
+		att.Key, who.creds.EUID, who.creds.EGID, att.TapName, idText(att.Owner), idText(att.Group))
+}
+
+func idText(id *uint32) string {
+	if id == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*id)
 }
 
 // reopen attaches the attachment's queues afresh in its pod netns, with its
 // flags, so a restarted VMM gets NAPI queues again. It refuses while any
 // queue is still attached: a second set would take traffic nobody reads.
 func reopen(att *Attachment) ([]*os.File, *Error) {
-	ino, err := tapsetup.NetnsInode(att.Netns)
-	if err != nil || ino != att.NetnsInode {
+	netns := openSameNetns(att)
+	if netns == nil {
 		return nil, errorf(CodeUnavailable, "attachment %s: netns %s is gone", att.Key, att.Netns)
 	}
+	defer netns.Close()
 	var files []*os.File
 	var perr *Error
-	err = ns.WithNetNSPath(att.Netns, func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(att.TapName)
 		if err != nil {
 			perr = errorf(CodeUnavailable, "attachment %s: tap %q: %v", att.Key, att.TapName, err)
 			return nil
 		}
-		if tap, ok := link.(*netlink.Tuntap); !ok {
-			perr = errorf(CodeUnavailable, "attachment %s: %q is no longer a tap", att.Key, att.TapName)
+		if tap, ok := link.(*netlink.Tuntap); !ok || !markedFor(link, att) {
+			perr = errorf(CodeUnavailable, "attachment %s: %q is no longer this attachment's tap", att.Key, att.TapName)
 			return nil
 		} else if tap.Queues > 0 || tap.DisabledQueues > 0 {
 			// A detached queue (TUNSETQUEUE, DESIGN.md fact 3) can come back.
@@ -424,18 +451,20 @@ func (s *Server) release(match func(*Attachment) bool) int {
 }
 
 func (s *Server) list(cred *peer) []Attachment {
-	var ino uint64
+	var netnsID uint64
 	if cred.Uid != 0 {
-		var err error
-		if ino, err = cred.netns(); err != nil {
+		who, err := cred.identify()
+		if err != nil {
+			s.log.Warn("list: cannot identify the caller", "pid", cred.Pid, "err", err)
 			return nil
 		}
+		netnsID = who.netnsID
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Attachment
 	for _, e := range s.held {
-		if cred.Uid == 0 || e.att.NetnsInode == ino {
+		if cred.Uid == 0 || e.att.NetnsID == netnsID {
 			att := e.att
 			att.Held = len(e.files)
 			out = append(out, att)
@@ -446,22 +475,46 @@ func (s *Server) list(cred *peer) []Attachment {
 }
 
 // Sweep releases attachments whose netns or tap is gone: DEL ran while
-// napitapd was down, or the runtime crashed and never called DEL.
+// napitapd was down, or the runtime crashed and never called DEL. A netns
+// path that now holds another netns, or a tap that is not marked as the
+// attachment's, counts as gone.
 func (s *Server) Sweep() int {
 	return s.release(func(a *Attachment) bool {
-		ino, err := tapsetup.NetnsInode(a.Netns)
-		if err != nil || ino != a.NetnsInode {
+		netns := openSameNetns(a)
+		if netns == nil {
 			return true
 		}
+		defer netns.Close()
 		gone := false
-		_ = ns.WithNetNSPath(a.Netns, func(ns.NetNS) error {
-			_, err := netlinksafe.LinkByName(a.TapName)
+		_ = netns.Do(func(ns.NetNS) error {
+			link, err := netlinksafe.LinkByName(a.TapName)
 			var nf netlink.LinkNotFoundError
-			gone = errors.As(err, &nf)
+			gone = errors.As(err, &nf) || (err == nil && !markedFor(link, a))
 			return nil
 		})
 		return gone
 	})
+}
+
+// openSameNetns opens the attachment's netns if its path still holds the
+// netns it was registered in, else nil. Checked on the open file, so the
+// path cannot change between check and use; fails closed where the kernel
+// has no unique netns id.
+func openSameNetns(a *Attachment) ns.NetNS {
+	netns, err := ns.GetNS(a.Netns)
+	if err != nil {
+		return nil
+	}
+	if id, err := tapsetup.NetnsIDOf(int(netns.Fd())); err != nil || a.NetnsID == 0 || id != a.NetnsID {
+		netns.Close()
+		return nil
+	}
+	return netns
+}
+
+// markedFor: the link carries the attachment's ifalias mark.
+func markedFor(link netlink.Link, a *Attachment) bool {
+	return link.Attrs().Alias == tapsetup.OwnerAlias(a.ContainerID, a.IfName)
 }
 
 // Close releases every held fd; the state stays for the next napitapd.
@@ -497,10 +550,5 @@ func (s *Server) writeState(att *Attachment) error {
 	if err != nil {
 		return err
 	}
-	path := s.statePath(att.Key)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return safefile.WriteAtomic(s.statePath(att.Key), b, 0o600)
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/safefile"
 )
 
 // DefaultDir is runtime-rs's default dan_conf directory.
@@ -36,10 +38,10 @@ type Device struct {
 	// napitap's own, for GC after a runtime that never called DEL: which
 	// network wrote the entry and how the tap was wired. runtime-rs ignores
 	// them.
-	Network    string `json:"napitap_network,omitempty"`
-	Wiring     string `json:"napitap_wiring,omitempty"`
-	Bridge     string `json:"napitap_bridge,omitempty"`
-	NetnsInode uint64 `json:"napitap_netns_inode,omitempty"`
+	Network string `json:"napitap_network,omitempty"`
+	Wiring  string `json:"napitap_wiring,omitempty"`
+	Bridge  string `json:"napitap_bridge,omitempty"`
+	NetnsID uint64 `json:"napitap_netns_id,omitempty"`
 }
 
 // HostTap is a tap runtime-rs opens by name in the sandbox netns.
@@ -142,8 +144,8 @@ func without(devs []Device, drop func(Device) bool) []Device {
 // the directory itself (no lock file to leave behind), writing through a
 // temp file and rename so runtime-rs never reads half a file.
 func update(dir, sandboxID string, change func(*File)) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("DAN dir %s: %w", dir, err)
+	if err := safefile.TrustedDir(dir, 0o755); err != nil {
+		return fmt.Errorf("DAN %w", err)
 	}
 	path := Path(dir, sandboxID)
 	lock, err := os.Open(dir)
@@ -156,8 +158,7 @@ func update(dir, sandboxID string, change func(*File)) error {
 	}
 
 	// A writer killed between write and rename leaves this behind.
-	tmp := path + ".tmp"
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(path + ".tmp"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("DAN file %s: %w", path, err)
 	}
 
@@ -183,11 +184,7 @@ func update(dir, sandboxID string, change func(*File)) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("DAN file %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := safefile.WriteAtomic(path, b, 0o644); err != nil {
 		return fmt.Errorf("DAN file %s: %w", path, err)
 	}
 	return nil

@@ -8,7 +8,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Tap is what the kernel reports about a tap, for CHECK and the tests.
@@ -123,22 +122,4 @@ func deleteLink(name string) error {
 func isNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf)
-}
-
-// NetnsInode identifies the network namespace at path; anything else there,
-// a file left after the netns went included, is an error.
-func NetnsInode(path string) (uint64, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	if kind, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE); err != nil || kind != unix.CLONE_NEWNET {
-		return 0, fmt.Errorf("%s is not a network namespace", path)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, err
-	}
-	return st.Ino, nil
 }

@@ -24,13 +24,13 @@ import (
 
 // leftover is one such attachment.
 type leftover struct {
-	key        handoff.Key
-	netns      string
-	netnsInode uint64
-	tapName    string
-	wiring     string
-	bridge     string
-	guestMAC   net.HardwareAddr
+	key      handoff.Key
+	netns    string
+	netnsID  uint64
+	tapName  string
+	wiring   string
+	bridge   string
+	guestMAC net.HardwareAddr
 }
 
 // remove deletes the leftover's tap and wiring, but only in the very netns
@@ -38,7 +38,7 @@ type leftover struct {
 // now names another pod's netns, or a tap of another attachment, is left
 // alone.
 func (l leftover) remove() error {
-	if inode, err := tapsetup.NetnsInode(l.netns); err != nil || inode != l.netnsInode {
+	if id, err := tapsetup.NetnsID(l.netns); err != nil || l.netnsID == 0 || id != l.netnsID {
 		return nil // the netns went, and the tap with it
 	}
 	err := ns.WithNetNSPath(l.netns, func(ns.NetNS) error {
@@ -84,7 +84,7 @@ func gcHandoff(conf *config.Config) {
 			continue
 		}
 		mac, _ := net.ParseMAC(att.MAC)
-		l := leftover{key: att.Key, netns: att.Netns, netnsInode: att.NetnsInode, tapName: att.TapName,
+		l := leftover{key: att.Key, netns: att.Netns, netnsID: att.NetnsID, tapName: att.TapName,
 			wiring: att.Wiring, bridge: att.Bridge, guestMAC: mac}
 		if err := l.remove(); err != nil {
 			fmt.Fprintf(os.Stderr, "napitap: gc: %s: %v\n", att.Key, err)
@@ -111,7 +111,7 @@ func gcKataDan(conf *config.Config) error {
 	var errs []error
 	for _, e := range stale {
 		mac, _ := net.ParseMAC(e.GuestMAC)
-		l := leftover{key: handoff.Key{ContainerID: e.Sandbox, IfName: e.Name}, netns: e.Netns, netnsInode: e.NetnsInode,
+		l := leftover{key: handoff.Key{ContainerID: e.Sandbox, IfName: e.Name}, netns: e.Netns, netnsID: e.NetnsID,
 			tapName: e.Device.Device.TapName, wiring: e.Wiring, bridge: e.Bridge, guestMAC: mac}
 		if err := l.remove(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", l.key, err))

@@ -33,7 +33,7 @@ func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Resul
 		Bridge:      conf.Bridge,
 	}
 	// For GC's check that the path still names this pod's netns.
-	dev.NetnsInode, _ = tapsetup.NetnsInode(args.Netns)
+	dev.NetnsID, _ = tapsetup.NetnsID(args.Netns)
 	// The guest is the last interface of the result: the guest NIC entry
 	// when chained, the tap itself otherwise.
 	guest := len(result.Interfaces) - 1
