@@ -76,12 +76,27 @@ type NetConf struct {
 	} `json:"args,omitempty"`
 }
 
-// HandoffConf says where the queue fds go after ADD.
+// HandoffConf says how the VM runtime gets NAPI queues.
 type HandoffConf struct {
+	Mode     string `json:"mode,omitempty"`
 	Socket   string `json:"socket,omitempty"`
 	Required bool   `json:"required,omitempty"`
-	Disabled bool   `json:"disabled,omitempty"`
+	// Disabled is the older spelling of "mode": "off".
+	Disabled bool `json:"disabled,omitempty"`
 }
+
+// Hand-off modes: how the runtime's guest gets NAPI queues.
+const (
+	// HandoffFDs: napitapd holds ADD's queues until the runtime fetches them.
+	HandoffFDs = "fds"
+	// HandoffIntercept: ADD closes its queues and napitapd records the
+	// attachment; the runtime opens the tap by name and napitapd's seccomp
+	// agent makes that open a NAPI one.
+	HandoffIntercept = "intercept"
+	// HandoffOff: ADD closes its queues; a runtime that opens the tap by
+	// name gets plain ones.
+	HandoffOff = "off"
+)
 
 // KataDanConf asks for a Kata runtime-rs DAN file entry per attachment.
 type KataDanConf struct {
@@ -144,9 +159,11 @@ type Config struct {
 	// chained wirings join to the tap (CNI_IFNAME); empty in "none".
 	PeerIfName string
 
-	// HandoffSocket is napitapd's socket, empty when the hand-off is
-	// disabled. With HandoffRequired, ADD fails when napitapd cannot take
-	// the queues.
+	// HandoffMode is one of HandoffFDs, HandoffIntercept, HandoffOff.
+	HandoffMode string
+	// HandoffSocket is napitapd's socket, empty in HandoffOff. With
+	// HandoffRequired, ADD fails when napitapd cannot record the
+	// attachment.
 	HandoffSocket   string
 	HandoffRequired bool
 
@@ -205,13 +222,27 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		Group:             nc.Group,
 		Wiring:            nc.Wiring,
 		Bridge:            nc.Bridge,
+		HandoffMode:       HandoffFDs,
 		HandoffSocket:     handoff.DefaultSocket,
 	}
 	if h := nc.Handoff; h != nil {
+		switch h.Mode {
+		case "":
+			if h.Disabled {
+				c.HandoffMode = HandoffOff
+			}
+		case HandoffFDs, HandoffIntercept, HandoffOff:
+			if h.Disabled && h.Mode != HandoffOff {
+				return nil, invalid("handoff.mode", "%q with \"disabled\": true; disabled is the older spelling of \"off\"", h.Mode)
+			}
+			c.HandoffMode = h.Mode
+		default:
+			return nil, invalid("handoff.mode", "%q is not %q, %q or %q", h.Mode, HandoffFDs, HandoffIntercept, HandoffOff)
+		}
 		switch {
-		case h.Disabled && h.Required:
-			return nil, invalid("handoff", "required and disabled at once")
-		case h.Disabled:
+		case c.HandoffMode == HandoffOff && h.Required:
+			return nil, invalid("handoff", "required and off at once")
+		case c.HandoffMode == HandoffOff:
 			c.HandoffSocket = ""
 		case h.Socket != "":
 			if !strings.HasPrefix(h.Socket, "/") {
@@ -450,16 +481,25 @@ func (c *Config) hasGuestEntry() bool {
 // before a rule existed must still be deletable, and DEL must clean up
 // anyway.
 func (c *Config) RequireAddable() error {
-	if c.HandoffSocket != "" && c.Queues > handoff.MaxFDs {
-		return invalid("queues", "%d queues cannot be handed off: one message carries at most %d fds; disable the hand-off or use fewer", c.Queues, handoff.MaxFDs)
+	if c.HandoffMode == HandoffFDs && c.Queues > handoff.MaxFDs {
+		return invalid("queues", "%d queues cannot be handed off: one message carries at most %d fds; use \"handoff\": {\"mode\": \"intercept\"} or fewer", c.Queues, handoff.MaxFDs)
 	}
 	// runtime-rs opens the tap by name: queues napitapd held as well would
 	// take traffic nobody reads (DESIGN.md fact 7).
-	if c.KataDanDir != "" && c.HandoffSocket != "" {
-		return invalid("kataDan", `needs "handoff": {"disabled": true}: Kata opens the tap itself`)
+	if c.KataDanDir != "" && c.HandoffMode == HandoffFDs {
+		return invalid("kataDan", `needs "handoff": {"mode": "intercept"} (or "off"): Kata opens the tap itself`)
+	}
+	// Each TUNSETIFF rewrites the device's IFF_VNET_HDR from the caller's
+	// flags, and libvirt always sets it (DESIGN.md fact 11).
+	if !c.VnetHdr && c.RuntimeOpensByName() {
+		return invalid("vnetHdr", "false cannot hold with \"handoff\" mode %q: the runtime opens the tap by name and its TUNSETIFF decides IFF_VNET_HDR", c.HandoffMode)
 	}
 	return c.requirePeer()
 }
+
+// RuntimeOpensByName: the runtime attaches the tap's queues itself, so the
+// queue count and IFF_VNET_HDR are its own, not the config's.
+func (c *Config) RuntimeOpensByName() bool { return c.HandoffMode != HandoffFDs }
 
 func (c *Config) requirePeer() error {
 	if c.Wiring == WiringNone {
@@ -587,6 +627,11 @@ func describeType(goType string) string {
 	}
 	return "an object"
 }
+
+// ErrCheckDrift is napitap's CNI error code (the spec leaves 100 and up
+// to plugins) for a CHECK that found the tap or its wiring other than ADD
+// left them.
+const ErrCheckDrift uint = 100
 
 func invalid(field, format string, a ...any) error {
 	return types.NewError(types.ErrInvalidNetworkConfig, field+": "+fmt.Sprintf(format, a...), "")

@@ -93,6 +93,9 @@ type Attachment struct {
 	// runtime that never called DEL.
 	Wiring string `json:"wiring,omitempty"`
 	Bridge string `json:"bridge,omitempty"`
+	// Intercept: napitapd holds no queues; the runtime opens the tap by
+	// name and napitapd's seccomp agent turns that open into a NAPI one.
+	Intercept bool `json:"intercept,omitempty"`
 
 	// Set by napitapd: the netns's unique id (tapsetup.NetnsID), never an
 	// inode, which the kernel reuses.

@@ -214,9 +214,12 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*o
 }
 
 func (s *Server) register(att *Attachment, files []*os.File) *Error {
-	if len(files) != att.Queues {
+	if want := att.Queues; len(files) != want && !(att.Intercept && len(files) == 0) {
 		closeAll(files)
-		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), att.Queues)
+		if att.Intercept {
+			return errorf(CodeBadRequest, "attachment %s: %d fds for an intercepted tap, which napitapd holds none of", att.Key, len(files))
+		}
+		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), want)
 	}
 	id, err := tapsetup.NetnsID(att.Netns)
 	if err != nil {
@@ -256,6 +259,11 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	}
 	if perr := authorize(&e.att, who, root); perr != nil {
 		return &Response{Error: perr}, nil
+	}
+	if e.att.Intercept {
+		// Queues napitapd opened would take traffic the runtime's own
+		// by-name queues never see (DESIGN.md fact 7).
+		return &Response{Error: errorf(CodeBadRequest, "attachment %s: the runtime opens tap %q by name (handoff mode intercept); there are no fds to fetch", e.att.Key, e.att.TapName)}, nil
 	}
 	if len(e.files) == 0 && e.sending != nil {
 		// A VMM that restarts at once can ask before napitapd has closed

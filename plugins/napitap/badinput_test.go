@@ -199,6 +199,11 @@ var badInputs = []badInput{
 	// Hand-off and kataDan.
 	{name: "a relative handoff.socket is rejected", fields: `"handoff":{"socket":"run/napitap.sock"}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},
 	{name: "a hand-off both required and disabled is rejected", fields: `"handoff":{"socket":"$SOCKET","required":true,"disabled":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff:"},
+	{name: "an unknown handoff.mode names handoff.mode", fields: `"handoff":{"mode":"magic"}`, code: types.ErrInvalidNetworkConfig, want: "handoff.mode:"},
+	{name: "handoff.mode intercept with disabled names handoff.mode", fields: `"handoff":{"mode":"intercept","disabled":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff.mode:"},
+	{name: "a hand-off both required and off is rejected", fields: `"handoff":{"mode":"off","required":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff:"},
+	{name: "vnetHdr false with a runtime that opens the tap by name names vnetHdr", fields: `"vnetHdr":false,"handoff":{"mode":"intercept","socket":"$SOCKET"}`, code: types.ErrInvalidNetworkConfig, want: "vnetHdr:"},
+	{name: "vnetHdr false with the hand-off off names vnetHdr", fields: `"vnetHdr":false,"handoff":{"mode":"off"}`, code: types.ErrInvalidNetworkConfig, want: "vnetHdr:"},
 	{name: "a handoff.socket that is a regular file is rejected after the tap is wired", fields: `"handoff":{"socket":"$FILE","required":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},
 	{name: "a handoff.socket that is a directory is rejected after the tap is wired", fields: `"handoff":{"socket":"$DATADIR","required":false}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},
 	{name: "a handoff.socket that is a regular file is rejected after a standalone tap is made", standalone: true, fields: `"queues":4,"handoff":{"socket":"$FILE","required":true}`, code: types.ErrInvalidNetworkConfig, want: "handoff.socket:"},

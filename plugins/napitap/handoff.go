@@ -15,11 +15,16 @@ import (
 
 // handOff gives the open queues to napitapd, which keeps them until a
 // runtime fetches them: NAPI only reaches a guest through fds napitap
-// opened (DESIGN.md fact 6). Without "required", a napitapd that cannot take
-// them is logged and ADD goes on.
+// opened, or through napitapd's TUNSETIFF on the runtime's own fd
+// (DESIGN.md facts 6, 12). In intercept mode napitapd records the
+// attachment without fds, for the latter. Without "required", a napitapd
+// that cannot take them is logged and ADD goes on.
 func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, queues []*os.File) error {
 	if conf.HandoffSocket == "" {
 		return nil
+	}
+	if conf.HandoffMode == config.HandoffIntercept {
+		att.Intercept, queues = true, nil
 	}
 	err := checkSocket(conf.HandoffSocket)
 	if err == nil {
@@ -46,7 +51,7 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 		return err
 	}
 	if !conf.HandoffRequired {
-		fmt.Fprintf(os.Stderr, "napitap: tap %q of %s: queues not handed off, the VMM will open them without NAPI: %v\n", att.TapName, att.Key, err)
+		fmt.Fprintf(os.Stderr, "napitap: tap %q of %s: napitapd did not take the attachment, the VMM's queues will have no NAPI: %v\n", att.TapName, att.Key, err)
 		return nil
 	}
 	// napitapd refused (a protocol error): say why. Anything else is

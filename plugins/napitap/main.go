@@ -341,7 +341,14 @@ func cmdCheck(args *skel.CmdArgs) error {
 			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
 		}
 	}
-	return checkTap(conf, args.Netns)
+	if err := checkTap(conf, args.Netns); err != nil {
+		var cniErr *types.Error
+		if errors.As(err, &cniErr) {
+			return err
+		}
+		return types.NewError(config.ErrCheckDrift, err.Error(), "")
+	}
+	return nil
 }
 
 // cmdStatus reports whether napitap can serve ADD for this config now.

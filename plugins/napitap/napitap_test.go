@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/testguest"
+	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/katadan"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
@@ -278,6 +280,49 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 			err := e.Check(list, rt)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("CHECK: got %v, want an error naming %q", err, tc.want)
+			}
+			var cniErr *types.Error
+			if !errors.As(err, &cniErr) || cniErr.Code != config.ErrCheckDrift {
+				t.Errorf("CHECK: got %#v, want code %d", err, config.ErrCheckDrift)
+			}
+		})
+	}
+}
+
+// TestCheckWhenTheRuntimeOpensTheTapByName: libvirt attaches one queue per
+// vCPU whatever the tap's "queues" (4 on a 2-queue tap, DESIGN.md fact 14);
+// that is drift only when napitap's own fds are the queues.
+func TestCheckWhenTheRuntimeOpensTheTapByName(t *testing.T) {
+	cases := []struct {
+		name     string
+		mode     string
+		wantCode uint // 0: CHECK passes
+	}{
+		{"a runtime's 4 queues on a 2-queue tap pass CHECK in intercept mode", "intercept", 0},
+		{"a runtime's 4 queues on a 2-queue tap pass CHECK with the hand-off off", "off", 0},
+		{"4 queues on a 2-queue tap are drift when napitap's fds are the queues", "fds", config.ErrCheckDrift},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := cnitest.NewEnv(t, binDir)
+			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"mode":%q,"socket":"/nonexistent/napitapd.sock"}}`, tc.mode))
+			rt := e.RT("eth0")
+			e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
+			var queues []*os.File
+			e.Pod.Run(t, func() (err error) {
+				// As libvirt opens it: IFF_VNET_HDR, multiqueue, no NAPI.
+				queues, err = tapsetup.OpenQueues("tap0", 4, tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true})
+				return err
+			})
+			t.Cleanup(func() { tapsetup.CloseQueues(queues) })
+			err := e.Check(list, rt)
+			var cniErr *types.Error
+			switch {
+			case tc.wantCode == 0 && err != nil:
+				t.Errorf("CHECK: %v, want success", err)
+			case tc.wantCode != 0 && (!errors.As(err, &cniErr) || cniErr.Code != tc.wantCode):
+				t.Errorf("CHECK: %#v, want code %d", err, tc.wantCode)
 			}
 		})
 	}
