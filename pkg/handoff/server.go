@@ -214,12 +214,13 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*o
 }
 
 func (s *Server) register(att *Attachment, files []*os.File) *Error {
-	if want := att.Queues; len(files) != want && !(att.Intercept && len(files) == 0) {
+	switch {
+	case att.Intercept && len(files) > 0:
 		closeAll(files)
-		if att.Intercept {
-			return errorf(CodeBadRequest, "attachment %s: %d fds for an intercepted tap, which napitapd holds none of", att.Key, len(files))
-		}
-		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), want)
+		return errorf(CodeBadRequest, "attachment %s: %d fds for an intercepted tap, of which napitapd holds none", att.Key, len(files))
+	case !att.Intercept && len(files) != att.Queues:
+		closeAll(files)
+		return errorf(CodeBadRequest, "attachment %s: %d fds for %d queues", att.Key, len(files), att.Queues)
 	}
 	id, err := tapsetup.NetnsID(att.Netns)
 	if err != nil {
@@ -523,6 +524,20 @@ func openSameNetns(a *Attachment) ns.NetNS {
 // markedFor: the link carries the attachment's ifalias mark.
 func markedFor(link netlink.Link, a *Attachment) bool {
 	return link.Attrs().Alias == tapsetup.OwnerAlias(a.ContainerID, a.IfName)
+}
+
+// Intercepted finds the intercept-mode attachment whose tap is tapName in
+// the netns with id netnsID: a tap whose by-name opens napitapd's seccomp
+// agent turns into NAPI ones.
+func (s *Server) Intercepted(netnsID uint64, tapName string) (Attachment, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.held {
+		if e.att.Intercept && e.att.NetnsID == netnsID && e.att.TapName == tapName {
+			return e.att, true
+		}
+	}
+	return Attachment{}, false
 }
 
 // Close releases every held fd; the state stays for the next napitapd.
