@@ -28,6 +28,11 @@ func usage() {
       count and "{mac}" the MAC the guest must use. Signals are passed on;
       napitapctl exits with CMD's status.
   napitapctl [--socket PATH] list
+  napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
+  napitapctl seccomp-profile [--listener PATH] --install DIR
+      Print a Localhost seccomp profile that sends the VMM's TUNSETIFF to
+      napitapd's seccomp agent, or install every kind into DIR (a kubelet
+      seccomp dir, e.g. /var/lib/kubelet/seccomp/napitap).
 `)
 	os.Exit(2)
 }
@@ -46,6 +51,8 @@ func main() {
 		err = execCmd(client, flag.Args()[1:])
 	case "list":
 		err = list(client)
+	case "seccomp-profile":
+		err = seccompProfile(flag.Args()[1:])
 	default:
 		usage()
 	}
