@@ -31,6 +31,8 @@ var hostPaths = map[string]corev1.HostPathType{
 	"/run/netns":     corev1.HostPathDirectoryOrCreate,
 	"/var/run/netns": corev1.HostPathDirectoryOrCreate,
 	"/dev/net/tun":   corev1.HostPathCharDev,
+	// The Localhost seccomp profiles that route TUNSETIFF to napitapd.
+	"/var/lib/kubelet/seccomp": corev1.HostPathDirectoryOrCreate,
 }
 
 func daemonSet(t *testing.T, dir string) (*appsv1.DaemonSet, []object) {
@@ -126,8 +128,8 @@ func TestDaemonSetPod(t *testing.T) {
 func TestContainerSecurity(t *testing.T) {
 	ds, _ := daemonSet(t, "deploy")
 	spec := ds.Spec.Template.Spec
-	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
-		t.Fatalf("%d init containers and %d containers, want 1 and 1", len(spec.InitContainers), len(spec.Containers))
+	if len(spec.InitContainers) != 2 || len(spec.Containers) != 1 {
+		t.Fatalf("%d init containers and %d containers, want 2 and 1", len(spec.InitContainers), len(spec.Containers))
 	}
 	header, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "base", "daemonset.yaml"))
 	if err != nil {
@@ -165,9 +167,11 @@ func TestContainerSecurity(t *testing.T) {
 		}
 	}
 
-	install := container(t, spec.InitContainers, "install-cni")
-	if sc := install.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
-		t.Errorf("install-cni: adds %v, allowPrivilegeEscalation %v: copying a file into a root-owned dir needs neither", sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
+	for _, name := range []string{"install-cni", "install-seccomp-profiles"} {
+		install := container(t, spec.InitContainers, name)
+		if sc := install.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: adds %v, allowPrivilegeEscalation %v: writing a file into a root-owned dir needs neither", name, sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
+		}
 	}
 
 	napitapd := container(t, spec.Containers, "napitapd")
@@ -218,10 +222,19 @@ func TestNapitapdPaths(t *testing.T) {
 			return p == m.MountPath || strings.HasPrefix(p, m.MountPath+"/")
 		})
 	}
-	for _, p := range []string{socket, state, "/run/netns", "/var/run/netns", "/dev/net/tun"} {
+	seccompSocket, _ := flagValue(c.Args, "seccomp-socket")
+	for _, p := range []string{socket, state, seccompSocket, "/run/netns", "/var/run/netns", "/dev/net/tun"} {
 		if !mounted(p) {
 			t.Errorf("napitapd uses %s, which no volume mounts", p)
 		}
+	}
+	// runc dials the listener path the profiles name, from the host.
+	profiles := container(t, spec.InitContainers, "install-seccomp-profiles")
+	if listener, _ := flagValue(profiles.Command, "listener"); listener != seccompSocket || !strings.HasPrefix(seccompSocket, "/run/napitap/") {
+		t.Errorf("profiles name listener %q, napitapd serves --seccomp-socket %q under the host's /run/napitap", listener, seccompSocket)
+	}
+	if dir, _ := flagValue(profiles.Command, "install"); !strings.HasPrefix(dir, "/host/kubelet-seccomp/") {
+		t.Errorf("profiles installed into %q, not under the kubelet seccomp dir", dir)
 	}
 	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
 		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, "--socket="+socket) {
