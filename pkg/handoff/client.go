@@ -118,7 +118,7 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 // hungUp explains an error that means napitapd closed the connection.
 func hungUp(err error) string {
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
-		return " (napitapd hung up without an answer, as it does to connections beyond its limits)"
+		return " (napitapd hung up without an answer: it does so beyond its connection limits, or it stopped)"
 	}
 	return ""
 }
