@@ -2,10 +2,15 @@ package handoff
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Client talks to napitapd. One connection per call keeps it stateless, as
@@ -82,20 +87,21 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
-	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	deadline := time.Now().Add(timeout)
+	conn, err := dial(socket, deadline)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(timeout))
+	_ = conn.SetDeadline(deadline)
 
 	req.Version = Version
 	if err := sendMsg(conn, req, files); err != nil {
-		return nil, nil, fmt.Errorf("napitapd at %s: send %s: %w", socket, req.Op, err)
+		return nil, nil, fmt.Errorf("napitapd at %s: send %s: %w%s", socket, req.Op, err, hungUp(err))
 	}
 	b, got, err := recvMsg(conn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("napitapd at %s: %s: %w", socket, req.Op, err)
+		return nil, nil, fmt.Errorf("napitapd at %s: %s: %w%s", socket, req.Op, err, hungUp(err))
 	}
 	var resp Response
 	if err := json.Unmarshal(b, &resp); err != nil || resp.Version != Version {
@@ -107,4 +113,51 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 		return nil, nil, resp.Error
 	}
 	return &resp, got, nil
+}
+
+// hungUp explains an error that means napitapd closed the connection.
+func hungUp(err error) string {
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+		return " (napitapd hung up without an answer: it does so beyond its connection limits, or it stopped)"
+	}
+	return ""
+}
+
+// dial connects to socket with a blocking connect, bounded by deadline.
+// While napitapd's backlog is full (a flood of connections, or napitapd out
+// of fds) the kernel lets blocked connects in as napitapd accepts, in
+// order; Go's non-blocking connect would fail with EAGAIN instead, and its
+// retries lose the race to the flood.
+func dial(socket string, deadline time.Time) (*net.UnixConn, error) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "dial", Net: "unixpacket", Addr: &net.UnixAddr{Name: socket, Net: "unixpacket"}, Err: err}
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, opErr(os.NewSyscallError("socket", err))
+	}
+	for {
+		tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
+		if err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+			err = os.NewSyscallError("setsockopt", err)
+			break
+		}
+		// A signal interrupts a wait for room in the backlog; connect
+		// starts over.
+		if err = unix.Connect(fd, &unix.SockaddrUnix{Name: socket}); err != unix.EINTR || time.Now().After(deadline) {
+			err = os.NewSyscallError("connect", err)
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, opErr(err)
+	}
+	f := os.NewFile(uintptr(fd), socket)
+	c, err := net.FileConn(f) // a non-blocking copy for the poller
+	f.Close()
+	if err != nil {
+		return nil, opErr(err)
+	}
+	return c.(*net.UnixConn), nil
 }

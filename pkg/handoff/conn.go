@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -53,9 +54,16 @@ var errTooBig = errors.New("too big")
 var errTruncated = errors.New("truncated")
 
 // recvMsg reads one datagram. io.EOF means the peer closed. Received fds
-// arrive close-on-exec; on any error they are closed, never kept.
+// arrive close-on-exec; on any error they are closed, never kept. Its
+// buffers are only as large as the datagram and exist only once it has
+// arrived: an idle connection holds none.
 func recvMsg(c *net.UnixConn) ([]byte, []*os.File, error) {
-	buf := make([]byte, MaxHeader+1)
+	size, err := waitMsg(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	// One byte more than MaxHeader: a larger datagram shows as MSG_TRUNC.
+	buf := make([]byte, min(size, MaxHeader)+1)
 	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	files, perr := parseRights(oob[:oobn])
@@ -79,6 +87,36 @@ func recvMsg(c *net.UnixConn) ([]byte, []*os.File, error) {
 		return nil, nil, fmt.Errorf("%w: fds without a message", errTruncated)
 	}
 	return buf[:n], files, nil
+}
+
+// waitMsg waits, honouring c's read deadline, until a datagram can be read,
+// and returns its length (0 also when the peer has closed). It takes nothing
+// from the socket.
+func waitMsg(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n uintptr
+	var errno syscall.Errno
+	err = rc.Read(func(fd uintptr) bool {
+		// MSG_TRUNC makes a peek report the datagram's full length; with no
+		// control buffer, fds it carries stay queued.
+		for {
+			n, _, errno = unix.Syscall6(unix.SYS_RECVFROM, fd, 0, 0, unix.MSG_PEEK|unix.MSG_TRUNC|unix.MSG_DONTWAIT, 0, 0)
+			if errno != unix.EINTR {
+				break
+			}
+		}
+		return errno != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, err // a *net.OpError already
+	}
+	if errno != 0 {
+		return 0, &net.OpError{Op: "read", Net: "unixpacket", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvfrom", errno)}
+	}
+	return int(n), nil
 }
 
 func parseRights(oob []byte) ([]*os.File, error) {

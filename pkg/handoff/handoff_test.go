@@ -1297,13 +1297,16 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelper())
 	}
+	if os.Getenv(floodEnv) != "" {
+		os.Exit(runFlood())
+	}
 	os.Exit(m.Run())
 }
 
 // TestHelperProcess is what the re-executed binary is told to run; the
 // work happens in TestMain on the main thread before any test starts.
 func TestHelperProcess(t *testing.T) {
-	t.Skip("runs only as the peer process of TestAuthorization")
+	t.Skip("runs only as the peer process of other tests")
 }
 
 type helperResult struct {

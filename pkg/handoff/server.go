@@ -39,6 +39,11 @@ type Server struct {
 
 	mu   sync.Mutex
 	held map[Key]*entry
+
+	// Limits bound the connections Serve serves at once; set them before
+	// Serve.
+	Limits Limits
+	conns  connTable
 }
 
 type entry struct {
@@ -115,17 +120,45 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// Serve answers connections until l is closed.
+// Serve answers connections until l is closed, and returns only then (or
+// at once, with an error, if s.Limits are invalid): napitapd exiting would
+// drop every queue it holds. Connections beyond s.Limits are closed at once.
 func (s *Server) Serve(l *net.UnixListener) error {
+	lim := s.Limits.withDefaults()
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	if err := setBacklog(l, listenBacklog); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		s.log.Warn("keeping the default listen backlog", "socket", l.Addr().String(), "err", err)
+	}
+	var delay time.Duration
 	for {
 		conn, err := l.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			// Out of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
+			// that passes as connections close.
+			delay = acceptBackoff(delay)
+			if ok, n := s.conns.failures.allow(); ok {
+				s.log.Error("accept failed, retrying", "err", err, "wait", delay, "failedSinceLastLine", n)
+			}
+			time.Sleep(delay)
+			continue
 		}
-		go s.serveConn(conn)
+		delay = 0
+		uid, ok := s.admit(conn, lim)
+		if !ok {
+			continue
+		}
+		go func() {
+			defer s.conns.done(uid)
+			s.serveConn(conn)
+		}()
 	}
 }
 

@@ -1,0 +1,197 @@
+package handoff
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Every connection napitapd serves costs it a goroutine, the socket and a
+// pidfd of the peer. Unbounded, a member of the socket group could open
+// connections until napitapd runs out of memory or fds, and napitapd's
+// death closes every queue it holds. So it serves a bounded number.
+const (
+	// DefaultMaxConns: a node runs about 110 pods (kubelet's default
+	// max-pods), and ADD, DEL, GC and a VMM's fetch each hold a connection
+	// for milliseconds. 256 is far more than they ever need at once, and
+	// costs at most 512 fds and a few MiB.
+	DefaultMaxConns = 256
+	// DefaultMaxConnsPerUID: the VMMs of one runtime may share a uid
+	// (KubeVirt's qemu is 107) but fetch once per VM start; 32 at once is a
+	// start rate no node reaches. It keeps any one uid to an eighth of the
+	// connections.
+	DefaultMaxConnsPerUID = 32
+)
+
+// Limits bound the connections a Server serves at once. Zero fields take
+// the defaults.
+type Limits struct {
+	// MaxConns counts every connection. Uids other than root together get
+	// MaxConns-MaxConnsPerUID of them, so that no flood from them locks
+	// root (napitap's ADD and DEL) out.
+	MaxConns int
+	// MaxConnsPerUID is the most one uid other than root may hold.
+	MaxConnsPerUID int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxConns == 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	if l.MaxConnsPerUID == 0 {
+		l.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	return l
+}
+
+// Validate checks the limits, defaults applied.
+func (l Limits) Validate() error {
+	l = l.withDefaults()
+	if l.MaxConns < 0 || l.MaxConnsPerUID < 0 {
+		return fmt.Errorf("connection limits %d and %d per uid: want positive numbers", l.MaxConns, l.MaxConnsPerUID)
+	}
+	if l.MaxConnsPerUID >= l.MaxConns {
+		return fmt.Errorf("connection limit per uid %d: want less than the limit of all connections, %d", l.MaxConnsPerUID, l.MaxConns)
+	}
+	return nil
+}
+
+// connTable counts the connections being served.
+type connTable struct {
+	mu     sync.Mutex
+	total  int
+	others int // connections of uids other than root
+	perUID map[uint32]int
+
+	refusals every // log lines about refused connections
+	failures every // log lines about failed accepts
+}
+
+// admit counts in a connection of uid, or says why it may not have one.
+func (t *connTable) admit(lim Limits, uid uint32) (bool, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.total >= lim.MaxConns:
+		return false, "napitapd serves as many connections as it may"
+	case uid == 0:
+	case t.perUID[uid] >= lim.MaxConnsPerUID:
+		return false, "the uid holds as many connections as one uid may"
+	case t.others >= lim.MaxConns-lim.MaxConnsPerUID:
+		return false, "uids other than root hold as many connections as they may together"
+	default:
+		if t.perUID == nil {
+			t.perUID = map[uint32]int{}
+		}
+		t.perUID[uid]++
+		t.others++
+	}
+	t.total++
+	return true, ""
+}
+
+// done counts out a connection admit counted in.
+func (t *connTable) done(uid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.total--
+	if uid != 0 {
+		t.others--
+		if t.perUID[uid]--; t.perUID[uid] == 0 {
+			delete(t.perUID, uid)
+		}
+	}
+}
+
+// listenBacklog bounds the queue of connections napitapd has not accepted
+// yet: a caller that connects behind a flood waits for all of them to be
+// refused. The kernel's default (somaxconn, 4096 here) made a fetch wait
+// 100-200 ms; 128 take a few ms. Callers wait for room in a blocking
+// connect (Client does), which the kernel serves in order.
+const listenBacklog = 128
+
+func setBacklog(l *net.UnixListener, n int) error {
+	rc, err := l.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var lerr error
+	if err := rc.Control(func(fd uintptr) { lerr = unix.Listen(int(fd), n) }); err != nil {
+		return err
+	}
+	return os.NewSyscallError("listen", lerr)
+}
+
+// admit decides whether Serve serves conn, and counts it in; it closes a
+// connection it refuses at once.
+func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
+	cred, err := connCred(conn)
+	if err != nil {
+		conn.Close()
+		if ok, n := s.conns.refusals.allow(); ok {
+			s.log.Error("refused connection without peer credentials", "err", err, "refusedSinceLastLine", n)
+		}
+		return 0, false
+	}
+	if ok, why := s.conns.admit(lim, cred.Uid); !ok {
+		conn.Close()
+		if ok, n := s.conns.refusals.allow(); ok {
+			s.log.Warn("refused connection", "reason", why, "pid", cred.Pid, "uid", cred.Uid,
+				"maxConns", lim.MaxConns, "maxConnsPerUID", lim.MaxConnsPerUID, "refusedSinceLastLine", n)
+		}
+		return 0, false
+	}
+	return cred.Uid, true
+}
+
+// connCred is what the kernel recorded about the peer at connect time;
+// unlike a pidfd it costs no fd, so a refused connection costs nothing.
+func connCred(conn *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}
+
+// logInterval spaces out log lines that a flood would repeat.
+const logInterval = 10 * time.Second
+
+// every lets one event through per logInterval and counts the others.
+type every struct {
+	mu   sync.Mutex
+	next time.Time
+	held int
+}
+
+// allow reports whether to log now, and how many events it held back
+// since the last time it did.
+func (e *every) allow() (bool, int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	if now.Before(e.next) {
+		e.held++
+		return false, 0
+	}
+	n := e.held
+	e.next, e.held = now.Add(logInterval), 0
+	return true, n
+}
+
+// acceptBackoff is the wait after a failed accept: doubling from 5 ms up to
+// 1 s, as net/http does.
+func acceptBackoff(last time.Duration) time.Duration {
+	return min(max(2*last, 5*time.Millisecond), time.Second)
+}
