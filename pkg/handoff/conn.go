@@ -155,6 +155,9 @@ func closeAll(files []*os.File) {
 type peer struct {
 	*unix.Ucred
 	pidfd int // -1 where the kernel has no SO_PEERPIDFD (before 6.5)
+	// pidfdErr: SO_PEERPIDFD failed on a kernel that has it (EMFILE...).
+	// The pid cannot be confirmed then, so identify fails closed.
+	pidfdErr error
 }
 
 func peerCred(c *net.UnixConn) (*peer, error) {
@@ -173,9 +176,10 @@ func peerCred(c *net.UnixConn) (*peer, error) {
 	if pidfdErr != nil {
 		p.pidfd = -1
 		// Only a kernel without it may go on without it; any other failure
-		// (EMFILE included) would leave the pid unconfirmed.
+		// (EMFILE included) leaves the pid unconfirmed. Root naming an
+		// attachment needs no pid, so only identify refuses.
 		if !errors.Is(pidfdErr, unix.ENOPROTOOPT) {
-			credErr = errors.Join(credErr, fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr))
+			p.pidfdErr = fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr)
 		}
 	}
 	if credErr != nil {
@@ -203,6 +207,9 @@ type identity struct {
 // the peer, which napitapd's capabilities (NET_ADMIN, SYS_ADMIN,
 // SYS_PTRACE) do not give over a non-root VMM.
 func (p *peer) identify() (*identity, error) {
+	if p.pidfdErr != nil {
+		return nil, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
+	}
 	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", p.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 		return nil, errPeerGone

@@ -484,7 +484,8 @@ func TestConnectionFloodFromTheSocketGroup(t *testing.T) {
 	}
 
 	// Another uid still gets in while uid floodUID holds all it may.
-	res := runPeer(t, d.socket, helperArgs{netns: pod.Path(), uid: ptr(owner), gid: ptr(floodSocketGroup), op: "fetch", key: &vmm})
+	// As KubeVirt's qemu: uid and gid 107, in the socket group besides.
+	res := runPeer(t, d.socket, helperArgs{netns: pod.Path(), uid: ptr(owner), gid: ptr(owner), groups: []int{floodSocketGroup}, op: "fetch", key: &vmm})
 	if res.Code != "" || res.FDs != 2 || !res.NAPI {
 		t.Errorf("the VMM of uid %d during the flood: code %q (%s), %d fds, NAPI %v; want its 2 NAPI queues", owner, res.Code, res.Err, res.FDs, res.NAPI)
 	}
