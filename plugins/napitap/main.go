@@ -239,10 +239,17 @@ func cmdDel(args *skel.CmdArgs) error {
 		if err := unwire(conf, args.IfName, guestMAC); err != nil {
 			return err
 		}
+		// Only taps marked as this attachment's: after a failed ADD the
+		// name may well be someone else's (KubeVirt's tap0, say). Under the
+		// temporary name, any tap is what a killed ADD left.
+		owner := tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		for _, name := range tapsToDelete(conf, args.IfName) {
-			if err := tapsetup.DeleteTap(name, tapsetup.OwnerAlias(args.ContainerID, args.IfName)); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			if err := tapsetup.DeleteTap(name, owner); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
 				return err
 			}
+		}
+		if err := tapsetup.DeleteTap(tapsetup.TempTapName(owner), ""); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			return err
 		}
 		return nil
 	})
