@@ -570,7 +570,7 @@ func TestWireBridgeMarksItsBridgeAndNeverTakesAnother(t *testing.T) {
 					}
 				}
 				before := podState(t)
-				err = tapsetup.WireBridge("br0", "eth0", "napitest0", net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x03}, owner)
+				undo, err := tapsetup.WireBridge("br0", "eth0", "napitest0", net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x03}, owner)
 				if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
 					t.Fatalf("WireBridge: got %v, want %v", err, tc.wantErr)
 				}
@@ -590,7 +590,14 @@ func TestWireBridgeMarksItsBridgeAndNeverTakesAnother(t *testing.T) {
 				if _, err := netlink.LinkByName(tapsetup.TempBridgeName(owner)); err == nil {
 					t.Errorf("a link is left under the temporary name %q", tapsetup.TempBridgeName(owner))
 				}
-				return tapsetup.UnwireBridge("br0", "eth0", tapsetup.PeerIdentity{}, owner)
+				// As a failed ADD does: the pod exactly as before.
+				if err := undo(); err != nil {
+					t.Errorf("undo: %v", err)
+				}
+				if after := podState(t); !slices.Equal(after, before) {
+					t.Errorf("pod after undo:\n  %s\nbefore:\n  %s", strings.Join(after, "\n  "), strings.Join(before, "\n  "))
+				}
+				return nil
 			})
 		})
 	}

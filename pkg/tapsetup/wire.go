@@ -171,58 +171,63 @@ func removeClsactIfUnused(link netlink.Link) error {
 // ARP for them through the bridge. alias marks the bridge as the
 // attachment's, as it marks the tap; the bridge takes its name only once
 // marked (see TempTapName), and before the peer is touched. It fails with
-// ErrExists if a link called brName exists. On error it undoes itself.
-func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (err error) {
+// ErrExists if a link called brName exists.
+//
+// On error it undoes itself. Otherwise it returns undo, for an ADD that
+// fails later: it gives the peer back exactly what WireBridge took, which
+// prevResult need not tell (UnwireBridge, for DEL, knows only that).
+func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (undo func() error, err error) {
 	if alias == "" {
-		return fmt.Errorf("bridge %q: no mark to give it", brName)
+		return nil, fmt.Errorf("bridge %q: no mark to give it", brName)
 	}
 	peer, tap, err := linkPair(peerName, tapName)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := RequireFree(brName); err != nil {
-		return fmt.Errorf("bridge %q: %w", brName, err)
+		return nil, fmt.Errorf("bridge %q: %w", brName, err)
 	}
 	if err := createMarkedBridge(brName, alias, peer.Attrs().MTU); err != nil {
-		return err
+		return nil, err
 	}
 	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
+	var removed []netlink.Addr
+	var routes []netlink.Route
+	undo = func() error {
+		err := UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
+		restoreAddrs(peer, removed)
+		restoreRoutes(routes)
+		return err
+	}
 	defer func() {
 		if err != nil {
-			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
+			_ = undo()
+			undo = nil
 		}
 	}()
 	br, err := netlinksafe.LinkByName(brName)
 	if err != nil {
-		return fmt.Errorf("bridge %q: %w", brName, err)
+		return nil, fmt.Errorf("bridge %q: %w", brName, err)
 	}
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
-		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
+		return nil, fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
 	}
 	// Removing the last address takes the routes through the peer along.
-	routes, err := netlinksafe.RouteList(peer, netlink.FAMILY_ALL)
-	if err != nil {
-		return fmt.Errorf("interface %q: list routes: %w", peerName, err)
+	if routes, err = netlinksafe.RouteList(peer, netlink.FAMILY_ALL); err != nil {
+		return nil, fmt.Errorf("interface %q: list routes: %w", peerName, err)
 	}
-	removed, err := flushAddrs(peer)
-	defer func() {
-		if err != nil {
-			restoreAddrs(peer, removed)
-			restoreRoutes(routes)
-		}
-	}()
-	if err != nil {
-		return err
+	if removed, err = flushAddrs(peer); err != nil {
+		return nil, err
 	}
 	for _, port := range []netlink.Link{peer, tap} {
 		if err := netlink.LinkSetMaster(port, br); err != nil {
-			return fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
+			return nil, fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
 		}
 	}
 	if err := netlink.LinkSetUp(br); err != nil {
-		return fmt.Errorf("bridge %q: set up: %w", brName, err)
+		return nil, fmt.Errorf("bridge %q: set up: %w", brName, err)
 	}
-	return nil
+	return undo, nil
 }
 
 // flushAddrs removes the peer's global addresses; link-local ones stay, the
