@@ -155,6 +155,8 @@ type Config struct {
 	// DEL of old spec versions does not receive.
 	WiringGiven bool
 	Bridge      string
+	// BridgeGiven is true when the config names the bridge.
+	BridgeGiven bool
 	// PeerIfName is the previous plugin's interface in the sandbox that
 	// chained wirings join to the tap (CNI_IFNAME); empty in "none".
 	PeerIfName string
@@ -222,6 +224,7 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		Group:             nc.Group,
 		Wiring:            nc.Wiring,
 		Bridge:            nc.Bridge,
+		BridgeGiven:       nc.Bridge != "",
 		HandoffMode:       HandoffFDs,
 		HandoffSocket:     handoff.DefaultSocket,
 	}
@@ -566,6 +569,14 @@ func (c *Config) validateValues() error {
 	}
 	if c.IPAM.Type != "" && c.Wiring != WiringNone {
 		return invalid("ipam", "only applies to wiring %q; chained wirings take addresses from prevResult", WiringNone)
+	}
+	// DEL deletes links of such names whatever their mark. Not checked for
+	// DEL itself, which must clean up after any config.
+	if c.TapNameGiven && tapsetup.IsTempName(c.TapName) {
+		return invalid("tapName", "%q: names starting with \"napi~\" are napitap's own, for links it is still setting up", c.TapName)
+	}
+	if c.BridgeGiven && tapsetup.IsTempName(c.Bridge) {
+		return invalid("bridge", "%q: names starting with \"napi~\" are napitap's own, for links it is still setting up", c.Bridge)
 	}
 	return nil
 }

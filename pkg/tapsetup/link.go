@@ -1,6 +1,8 @@
 package tapsetup
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -80,17 +82,74 @@ func ValidateLinkName(name string) error {
 // or not this attachment's; napitap never deletes such a link.
 var ErrNotTap = errors.New("not a tap")
 
-// OwnerAlias is the ifalias that marks the tap of one attachment.
+// ErrExists marks a name another link holds already: napitap never takes
+// over, changes or deletes such a link.
+var ErrExists = errors.New("a link of that name already exists")
+
+// ErrBusy marks a temporary name (TempTapName, TempBridgeName) that is
+// taken. DEL removes what a killed ADD left under one.
+var ErrBusy = errors.New("another ADD of this attachment is under way, or DEL has not yet run after one that was killed")
+
+// OwnerAlias is the ifalias that marks the tap and bridge of one
+// attachment.
 func OwnerAlias(containerID, ifName string) string {
 	return "napitap:" + containerID + "/" + ifName
 }
 
-// DeleteTap removes the tap name from the current netns. A missing link is
-// success. A link that is not a tuntap, or, when owner is given, a tap
-// marked as another attachment's, is left alone and reported with
-// ErrNotTap. A tap with no mark is taken: an ADD killed between creating
-// the tap and marking it leaves one, and every finished napitap tap is
-// marked.
+// TempTapName and TempBridgeName are the names Create and WireBridge give
+// the links of the attachment marked owner until they carry the mark. Only
+// then do the links take their real names, so that a link under a real name
+// is napitap's only if it is marked, and an unmarked link under a temporary
+// name can only be what a killed ADD left. The kernel does not set an
+// ifalias in the RTM_NEWLINK that creates a link, and tun taps cannot be
+// made by RTM_NEWLINK at all (tun_newlink: EOPNOTSUPP), so the mark cannot
+// come with the link. '~' keeps them apart from names people choose; 36
+// bits of hash keep two attachments of one pod apart.
+func TempTapName(owner string) string { return tempName("napi~t", owner) }
+
+// TempBridgeName: see TempTapName.
+func TempBridgeName(owner string) string { return tempName("napi~b", owner) }
+
+// IsTempName reports a name of TempTapName's or TempBridgeName's form.
+func IsTempName(name string) bool { return strings.HasPrefix(name, "napi~") }
+
+func tempName(prefix, owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return prefix + hex.EncodeToString(sum[:])[:15-len(prefix)]
+}
+
+// ExistsError is ErrExists for one link, saying what it is and how it is
+// marked, so that the error tells whose it may be.
+type ExistsError struct{ Type, Alias string }
+
+func (e ExistsError) Error() string {
+	mark := "no ifalias"
+	if e.Alias != "" {
+		mark = fmt.Sprintf("ifalias %q", e.Alias)
+	}
+	return fmt.Sprintf("a %s link of that name already exists (%s)", e.Type, mark)
+}
+
+func (e ExistsError) Is(target error) bool { return target == ErrExists || target == unix.EEXIST }
+
+// RequireFree fails with an ExistsError when a link called name exists in
+// the current netns.
+func RequireFree(name string) error {
+	link, err := netlinksafe.LinkByName(name)
+	if err == nil {
+		return ExistsError{link.Type(), link.Attrs().Alias}
+	}
+	if isNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// DeleteTap removes the tap name from the current netns if it is a tuntap
+// link marked owner. An empty owner takes any tuntap link: for a name only
+// napitap uses (TempTapName) or a tap the caller made itself. A missing
+// link is success; any other link is left alone and reported with
+// ErrNotTap.
 func DeleteTap(name, owner string) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
@@ -102,7 +161,10 @@ func DeleteTap(name, owner string) error {
 	if _, ok := link.(*netlink.Tuntap); !ok {
 		return fmt.Errorf("tap %q: %w: it is a %s link", name, ErrNotTap, link.Type())
 	}
-	if alias := link.Attrs().Alias; owner != "" && alias != owner && alias != "" {
+	if alias := link.Attrs().Alias; owner != "" && alias != owner {
+		if alias == "" {
+			return fmt.Errorf("tap %q: %w of %q: it has no ifalias, napitap did not make it", name, ErrNotTap, owner)
+		}
 		return fmt.Errorf("tap %q: %w of %q: it is marked %q", name, ErrNotTap, owner, alias)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {

@@ -2,7 +2,10 @@ package tapsetup_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -38,6 +41,13 @@ func TestCreate(t *testing.T) {
 			wantOwner:  -1,
 			wantGroup:  -1,
 			wantIfrSet: unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR,
+		},
+		{
+			name:       "a marked tap keeps its 8 queues attached across the rename from its temporary name",
+			spec:       tapsetup.Spec{Queues: 8, Flags: napiMQ, VnetHdrSize: 12, Alias: tapsetup.OwnerAlias("napitap-test", "net1")},
+			wantOwner:  -1,
+			wantGroup:  -1,
+			wantIfrSet: unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_MULTI_QUEUE | unix.IFF_NAPI,
 		},
 		{
 			name: "owner, group, mtu, mac and txqueuelen are applied",
@@ -95,7 +105,13 @@ func TestCreate(t *testing.T) {
 				if tc.spec.TxQueueLen != nil && attrs.TxQLen != *tc.spec.TxQueueLen {
 					t.Errorf("txqueuelen %d, want %d", attrs.TxQLen, *tc.spec.TxQueueLen)
 				}
-				return tapsetup.DeleteTap(tc.spec.Name, "")
+				if attrs.Alias != tc.spec.Alias {
+					t.Errorf("ifalias %q, want %q", attrs.Alias, tc.spec.Alias)
+				}
+				if links := linkNames(t); len(links) != 2 {
+					t.Errorf("links %v, want lo and the tap alone", links)
+				}
+				return tapsetup.DeleteTap(tc.spec.Name, tc.spec.Alias)
 			})
 		})
 	}
@@ -103,12 +119,16 @@ func TestCreate(t *testing.T) {
 
 func TestCreateNeverAdoptsAnExistingLink(t *testing.T) {
 	nstest.RequireRoot(t)
+	owner := tapsetup.OwnerAlias("napitap-test", "net1")
 	cases := []struct {
 		name     string
 		existing netlink.Link
+		alias    string
 	}{
-		{"an existing veth of the same name is left alone", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}, PeerName: "napitest0p"}},
-		{"an existing tap of the same name is not joined", &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}, Mode: netlink.TUNTAP_MODE_TAP}},
+		{"an existing veth of the same name is left alone", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}, PeerName: "napitest0p"}, ""},
+		{"an existing bridge of the same name is left alone", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}, ""},
+		{"an existing unmarked tap of the same name is not joined", &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}, Mode: netlink.TUNTAP_MODE_TAP}, ""},
+		{"an existing tap marked as this attachment's is not joined", &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}, Mode: netlink.TUNTAP_MODE_TAP}, owner},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,16 +140,83 @@ func TestCreateNeverAdoptsAnExistingLink(t *testing.T) {
 				if tt, ok := tc.existing.(*netlink.Tuntap); ok {
 					tapsetup.CloseQueues(tt.Fds)
 				}
-				_, _, err := tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 2, Flags: tapsetup.QueueFlags{MultiQueue: true, NAPI: true}})
-				if !errors.Is(err, unix.EEXIST) {
-					t.Errorf("Create over an existing link: got %v, want EEXIST", err)
+				existing, err := netlink.LinkByName("napitest0")
+				if err != nil {
+					return err
 				}
-				if _, err := netlink.LinkByName("napitest0"); err != nil {
-					t.Errorf("the existing link is gone: %v", err)
+				if tc.alias != "" {
+					if err := netlink.LinkSetAlias(existing, tc.alias); err != nil {
+						return err
+					}
+				}
+				if err := netlink.LinkSetUp(existing); err != nil {
+					return err
+				}
+				before := linkNames(t)
+				_, _, err = tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 2, Flags: tapsetup.QueueFlags{MultiQueue: true, NAPI: true}, Alias: owner})
+				if !errors.Is(err, tapsetup.ErrExists) || !errors.Is(err, unix.EEXIST) {
+					t.Errorf("Create over an existing link: got %v, want ErrExists", err)
+				}
+				after, err := netlink.LinkByName("napitest0")
+				if err != nil {
+					t.Fatalf("the existing link is gone: %v", err)
+				}
+				if after.Attrs().Index != existing.Attrs().Index || after.Attrs().Alias != tc.alias || after.Attrs().Flags&net.FlagUp == 0 {
+					t.Errorf("the existing link changed: index %d alias %q flags %v, was %d %q up",
+						after.Attrs().Index, after.Attrs().Alias, after.Attrs().Flags, existing.Attrs().Index, tc.alias)
+				}
+				if now := linkNames(t); !slices.Equal(now, before) {
+					t.Errorf("links after the failed Create: %v, before: %v", now, before)
 				}
 				return nil
 			})
 		})
+	}
+}
+
+// TestCreateFailsOnATakenTemporaryName: another ADD of the attachment, or
+// a killed one DEL has not cleaned up after, holds the temporary name.
+func TestCreateFailsOnATakenTemporaryName(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "tapsetup")
+	owner := tapsetup.OwnerAlias("napitap-test", "net1")
+	pod.Run(t, func() error {
+		leftover := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempTapName(owner)}, Mode: netlink.TUNTAP_MODE_TAP}
+		if err := netlink.LinkAdd(leftover); err != nil {
+			return err
+		}
+		tapsetup.CloseQueues(leftover.Fds)
+		_, _, err := tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 1, Alias: owner})
+		if !errors.Is(err, tapsetup.ErrBusy) {
+			t.Errorf("Create with its temporary name taken: got %v, want ErrBusy", err)
+		}
+		if links := linkNames(t); !slices.Equal(links, []string{"lo", tapsetup.TempTapName(owner)}) {
+			t.Errorf("links after the failed Create: %v, want lo and the leftover alone", links)
+		}
+		return nil
+	})
+}
+
+func TestTempNames(t *testing.T) {
+	owners := []string{tapsetup.OwnerAlias("napitap-test", "net1"), tapsetup.OwnerAlias("napitap-test", "net2"),
+		tapsetup.OwnerAlias("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "pod0123456789a"), ""}
+	seen := map[string]bool{}
+	for _, owner := range owners {
+		for _, name := range []string{tapsetup.TempTapName(owner), tapsetup.TempBridgeName(owner)} {
+			if err := tapsetup.ValidateLinkName(name); err != nil || len(name) != 15 {
+				t.Errorf("temporary name %q of %q: %v, want a valid name of 15 bytes", name, owner, err)
+			}
+			if !tapsetup.IsTempName(name) {
+				t.Errorf("IsTempName(%q) is false", name)
+			}
+			if seen[name] {
+				t.Errorf("temporary name %q is given twice", name)
+			}
+			seen[name] = true
+		}
+	}
+	if tapsetup.TempTapName(owners[0]) != tapsetup.TempTapName(owners[0]) {
+		t.Error("TempTapName is not stable")
 	}
 }
 
@@ -231,19 +318,302 @@ func TestWireRedirectAndUnwire(t *testing.T) {
 	})
 }
 
-func TestDeleteTapLeavesOtherLinksAlone(t *testing.T) {
+func TestDeleteTapDeletesOnlyWhatIsMarkedAsTheOwners(t *testing.T) {
 	nstest.RequireRoot(t)
-	pod := nstest.New(t, "del")
+	owner := tapsetup.OwnerAlias("napitap-test", "net1")
+	tap := func(name, alias string) func() error {
+		return func() error {
+			tt := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP}
+			if err := netlink.LinkAdd(tt); err != nil {
+				return err
+			}
+			tapsetup.CloseQueues(tt.Fds)
+			if alias == "" {
+				return nil
+			}
+			return netlink.LinkSetAlias(tt, alias)
+		}
+	}
+	cases := []struct {
+		name        string
+		prepare     func() error
+		delName     string
+		owner       string
+		wantErr     error
+		wantDeleted bool
+	}{
+		{"a tap marked as the owner's is deleted", tap("napitest0", owner), "napitest0", owner, nil, true},
+		{"an unmarked tap, such as KubeVirt's tap0, is left alone", tap("napitest0", ""), "napitest0", owner, tapsetup.ErrNotTap, false},
+		{"a tap marked as another attachment's is left alone", tap("napitest0", tapsetup.OwnerAlias("napitap-test", "net2")), "napitest0", owner, tapsetup.ErrNotTap, false},
+		{"a bridge is left alone", func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}) }, "napitest0", owner, tapsetup.ErrNotTap, false},
+		{"a bridge is left alone even with no owner given", func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}) }, "napitest0", "", tapsetup.ErrNotTap, false},
+		{"an unmarked tap under the temporary name goes with no owner given", tap(tapsetup.TempTapName(owner), ""), tapsetup.TempTapName(owner), "", nil, true},
+		{"a marked tap under the temporary name goes with no owner given", tap(tapsetup.TempTapName(owner), owner), tapsetup.TempTapName(owner), "", nil, true},
+		{"a missing link is success", func() error { return nil }, "napimissing0", owner, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := nstest.New(t, "del")
+			pod.Run(t, func() error {
+				if err := tc.prepare(); err != nil {
+					return err
+				}
+				err := tapsetup.DeleteTap(tc.delName, tc.owner)
+				if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+					t.Errorf("DeleteTap(%q, %q): got %v, want %v", tc.delName, tc.owner, err, tc.wantErr)
+				}
+				_, lookup := netlink.LinkByName(tc.delName)
+				if deleted := lookup != nil; deleted != tc.wantDeleted {
+					t.Errorf("%q deleted: %v, want %v", tc.delName, deleted, tc.wantDeleted)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// bridgePod is a pod netns with eth0 (a veth whose peer stays in it), its
+// MAC, an address and a default route, as a previous plugin leaves them.
+func bridgePod(t *testing.T) *nstest.NetNS {
+	t.Helper()
+	pod := nstest.New(t, "bridge")
 	pod.Run(t, func() error {
-		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}); err != nil {
+		mac, _ := net.ParseMAC("02:4e:41:00:00:02")
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", HardwareAddr: mac}, PeerName: "napipeer0"}); err != nil {
 			return err
 		}
-		if err := tapsetup.DeleteTap("napitest0", ""); !errors.Is(err, tapsetup.ErrNotTap) {
-			t.Errorf("DeleteTap of a bridge: got %v, want ErrNotTap", err)
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
 		}
-		if err := tapsetup.DeleteTap("napimissing0", ""); err != nil {
-			t.Errorf("DeleteTap of a missing link: %v", err)
+		addr, _ := netlink.ParseAddr("10.199.0.2/24")
+		if err := netlink.AddrAdd(eth0, addr); err != nil {
+			return err
 		}
-		return nil
+		for _, l := range []string{"eth0", "napipeer0"} {
+			if link, err := netlink.LinkByName(l); err != nil || netlink.LinkSetUp(link) != nil {
+				return fmt.Errorf("set %s up: %v", l, err)
+			}
+		}
+		_, all, _ := net.ParseCIDR("0.0.0.0/0")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: all, Gw: net.IPv4(10, 199, 0, 1)})
 	})
+	return pod
+}
+
+// podState describes every link of the current netns (name, type, MAC,
+// master, up, alias, global addresses) and every route, sorted.
+func podState(t *testing.T) []string {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	var out []string
+	for _, l := range links {
+		a := l.Attrs()
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_ALL)
+		var global []string
+		for _, ad := range addrs {
+			if !ad.IP.IsLinkLocalUnicast() {
+				global = append(global, ad.IPNet.String())
+			}
+		}
+		out = append(out, fmt.Sprintf("link %s type=%s mac=%s master=%s up=%v alias=%q addrs=%v",
+			a.Name, l.Type(), a.HardwareAddr, names[a.MasterIndex], a.Flags&net.FlagUp != 0, a.Alias, global))
+	}
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		out = append(out, fmt.Sprintf("route dst=%v gw=%v dev=%s", r.Dst, r.Gw, names[r.LinkIndex]))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestUnwireBridgeTouchesOnlyAMarkedBridge: the bridge and the peer's MAC,
+// addresses and routes are napitap's to change only when the bridge is
+// marked as the attachment's.
+func TestUnwireBridgeTouchesOnlyAMarkedBridge(t *testing.T) {
+	nstest.RequireRoot(t)
+	owner := tapsetup.OwnerAlias("napitap-test", "eth0")
+	// What a DEL's prevResult says of the peer; not what it has now.
+	identity := tapsetup.PeerIdentity{
+		MAC:    net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x09},
+		Addrs:  []net.IPNet{{IP: net.IPv4(10, 199, 9, 9), Mask: net.CIDRMask(24, 32)}},
+		Routes: []tapsetup.PeerRoute{{Dst: net.IPNet{IP: net.IPv4(10, 198, 0, 0), Mask: net.CIDRMask(16, 32)}, GW: net.IPv4(10, 199, 9, 1)}},
+	}
+	bridgeWithPeer := func(name, alias string) func() error {
+		return func() error {
+			if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+				return err
+			}
+			br, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if alias != "" {
+				if err := netlink.LinkSetAlias(br, alias); err != nil {
+					return err
+				}
+			}
+			eth0, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetMaster(eth0, br)
+		}
+	}
+	cases := []struct {
+		name     string
+		prepare  func() error
+		wantGone []string // links UnwireBridge deletes
+		restored bool     // the peer gets identity
+	}{
+		{"an unmarked bridge with the peer as its port, and the peer, are left alone", bridgeWithPeer("br0", ""), nil, false},
+		{"a bridge marked as another attachment's, and the peer, are left alone", bridgeWithPeer("br0", tapsetup.OwnerAlias("napitap-test", "net1")), nil, false},
+		{"without a bridge the peer is left alone", func() error { return nil }, nil, false},
+		{"a tap of the bridge's name is left alone", func() error {
+			tt := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "br0", Alias: owner}, Mode: netlink.TUNTAP_MODE_TAP}
+			if err := netlink.LinkAdd(tt); err != nil {
+				return err
+			}
+			tapsetup.CloseQueues(tt.Fds)
+			return netlink.LinkSetAlias(tt, owner)
+		}, nil, false},
+		{"an unmarked bridge under the temporary name goes and the peer is left alone", func() error {
+			return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempBridgeName(owner)}})
+		}, []string{tapsetup.TempBridgeName(owner)}, false},
+		{"the attachment's own bridge goes and the peer gets its identity back", bridgeWithPeer("br0", owner), []string{"br0"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := bridgePod(t)
+			pod.Run(t, func() error {
+				if err := tc.prepare(); err != nil {
+					return err
+				}
+				before := podState(t)
+				if err := tapsetup.UnwireBridge("br0", "eth0", identity, owner); err != nil {
+					t.Errorf("UnwireBridge: %v", err)
+				}
+				for _, name := range tc.wantGone {
+					if _, err := netlink.LinkByName(name); err == nil {
+						t.Errorf("%q is still there", name)
+					}
+				}
+				after := podState(t)
+				if !tc.restored {
+					var want []string
+					for _, l := range before {
+						if !slices.ContainsFunc(tc.wantGone, func(n string) bool { return strings.HasPrefix(l, "link "+n+" ") }) {
+							want = append(want, l)
+						}
+					}
+					if !slices.Equal(after, want) {
+						t.Errorf("pod after UnwireBridge:\n  %s\nwant:\n  %s", strings.Join(after, "\n  "), strings.Join(want, "\n  "))
+					}
+					return nil
+				}
+				eth0, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				if eth0.Attrs().HardwareAddr.String() != identity.MAC.String() || eth0.Attrs().MasterIndex != 0 {
+					t.Errorf("eth0 mac %s master %d, want %s and no master", eth0.Attrs().HardwareAddr, eth0.Attrs().MasterIndex, identity.MAC)
+				}
+				for _, want := range []string{"10.199.9.9/24", "route dst=10.198.0.0/16 gw=10.199.9.1 dev=eth0"} {
+					if !slices.ContainsFunc(after, func(l string) bool { return strings.Contains(l, want) }) {
+						t.Errorf("pod after UnwireBridge lacks %s:\n  %s", want, strings.Join(after, "\n  "))
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestWireBridgeMarksItsBridgeAndNeverTakesAnother: the bridge WireBridge
+// makes carries the mark under its own name, with nothing left under the
+// temporary one; a name taken fails before the peer is touched.
+func TestWireBridgeMarksItsBridgeAndNeverTakesAnother(t *testing.T) {
+	nstest.RequireRoot(t)
+	owner := tapsetup.OwnerAlias("napitap-test", "eth0")
+	cases := []struct {
+		name     string
+		existing netlink.Link
+		wantErr  error
+	}{
+		{"a new bridge is marked as the attachment's", nil, nil},
+		{"an unmarked bridge of the name fails and is left alone", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}, tapsetup.ErrExists},
+		{"a veth of the name fails and is left alone", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "br0"}, PeerName: "br0p"}, tapsetup.ErrExists},
+		{"a bridge under the temporary name fails with ErrBusy and is left alone", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempBridgeName(owner)}}, tapsetup.ErrBusy},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := bridgePod(t)
+			pod.Run(t, func() error {
+				_, queues, err := tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 1, Alias: owner})
+				if err != nil {
+					return err
+				}
+				tapsetup.CloseQueues(queues)
+				if tc.existing != nil {
+					if err := netlink.LinkAdd(tc.existing); err != nil {
+						return err
+					}
+				}
+				before := podState(t)
+				undo, err := tapsetup.WireBridge("br0", "eth0", "napitest0", net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x03}, owner)
+				if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+					t.Fatalf("WireBridge: got %v, want %v", err, tc.wantErr)
+				}
+				if tc.wantErr != nil {
+					if after := podState(t); !slices.Equal(after, before) {
+						t.Errorf("pod after the failed WireBridge:\n  %s\nbefore:\n  %s", strings.Join(after, "\n  "), strings.Join(before, "\n  "))
+					}
+					return nil
+				}
+				br, err := netlink.LinkByName("br0")
+				if err != nil {
+					return err
+				}
+				if br.Attrs().Alias != owner {
+					t.Errorf("bridge ifalias %q, want %q", br.Attrs().Alias, owner)
+				}
+				if _, err := netlink.LinkByName(tapsetup.TempBridgeName(owner)); err == nil {
+					t.Errorf("a link is left under the temporary name %q", tapsetup.TempBridgeName(owner))
+				}
+				// As a failed ADD does: the pod exactly as before.
+				if err := undo(); err != nil {
+					t.Errorf("undo: %v", err)
+				}
+				if after := podState(t); !slices.Equal(after, before) {
+					t.Errorf("pod after undo:\n  %s\nbefore:\n  %s", strings.Join(after, "\n  "), strings.Join(before, "\n  "))
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// linkNames lists the links of the current netns, sorted.
+func linkNames(t *testing.T) []string {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range links {
+		names = append(names, l.Attrs().Name)
+	}
+	slices.Sort(names)
+	return names
 }

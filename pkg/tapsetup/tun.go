@@ -100,25 +100,40 @@ func CheckFeatures(flags QueueFlags) error {
 
 // Create makes the persistent tap of spec in the current netns and returns
 // it with its queues open, so that NAPI knobs can be applied while every
-// queue is attached (fact 9). It fails if a link of that name exists: the
-// tap must be ours. On error nothing is left behind.
+// queue is attached (fact 9). It fails with ErrExists if a link of that
+// name exists: the tap must be ours. On error nothing is left behind.
+//
+// The tap is made and set up under TempTapName and takes its name only
+// once marked with spec.Alias (see TempTapName), so a link of spec.Name is
+// napitap's exactly when it carries the mark. Queues stay attached across
+// the rename. Without an alias (tests, benchmarks) the temporary name comes
+// from the tap's name.
 func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	if spec.Queues < 1 {
 		return nil, nil, fmt.Errorf("tap %q: %d queues requested", spec.Name, spec.Queues)
 	}
+	// Fail before making anything; the rename is what settles a race.
+	if err := RequireFree(spec.Name); err != nil {
+		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
+	}
+	temp := TempTapName(spec.Alias)
+	if spec.Alias == "" {
+		temp = TempTapName("name:" + spec.Name)
+	}
 	// IFF_TUN_EXCL turns "attach to an existing tap" into EBUSY.
-	first, err := openQueue(spec.Name, spec.Flags.ifrFlags()|unix.IFF_TUN_EXCL)
+	first, err := openQueue(temp, spec.Flags.ifrFlags()|unix.IFF_TUN_EXCL)
 	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
-			return nil, nil, fmt.Errorf("tap %q: a link of that name already exists: %w", spec.Name, unix.EEXIST)
+			return nil, nil, fmt.Errorf("tap %q: its temporary name %q is taken: %w", spec.Name, temp, ErrBusy)
 		}
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	queues = []*os.File{first}
+	name := temp // what the tap is called now
 	defer func() {
 		if err != nil {
 			CloseQueues(queues)
-			_ = deleteLink(spec.Name)
+			_ = deleteLink(name)
 			tap, queues = nil, nil
 		}
 	}()
@@ -126,22 +141,36 @@ func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	if err = configureDevice(first, spec); err != nil {
 		return nil, nil, err
 	}
-	rest, err := OpenQueues(spec.Name, spec.Queues-1, spec.Flags)
+	rest, err := OpenQueues(temp, spec.Queues-1, spec.Flags)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	queues = append(queues, rest...)
 
-	link, err := netlinksafe.LinkByName(spec.Name)
+	link, err := netlinksafe.LinkByName(temp)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	if err = applyLinkAttrs(link, spec); err != nil {
 		return nil, nil, err
 	}
+	// Last: the tap is down, so the kernel allows it, and a name taken
+	// meanwhile gives EEXIST and leaves that link alone.
+	if err = netlink.LinkSetName(link, spec.Name); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			if err = RequireFree(spec.Name); err == nil {
+				err = ErrExists // gone again already
+			}
+		}
+		return nil, nil, fmt.Errorf("tap %q: rename from %q: %w", spec.Name, temp, err)
+	}
+	name = spec.Name
+	if link, err = netlinksafe.LinkByName(name); err != nil {
+		return nil, nil, fmt.Errorf("tap %q: %w", name, err)
+	}
 	tap, ok := link.(*netlink.Tuntap)
 	if !ok {
-		return nil, nil, fmt.Errorf("tap %q: netlink reports a %s link", spec.Name, link.Type())
+		return nil, nil, fmt.Errorf("tap %q: netlink reports a %s link", name, link.Type())
 	}
 	return tap, queues, nil
 }

@@ -169,50 +169,65 @@ func removeClsactIfUnused(link netlink.Link) error {
 // ports' own MACs for itself and would never forward frames for them to the
 // tap, and loses its addresses, since the pod's stack would otherwise answer
 // ARP for them through the bridge. alias marks the bridge as the
-// attachment's, as it marks the tap.
-func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (err error) {
+// attachment's, as it marks the tap; the bridge takes its name only once
+// marked (see TempTapName), and before the peer is touched. It fails with
+// ErrExists if a link called brName exists.
+//
+// On error it undoes itself. Otherwise it returns undo, for an ADD that
+// fails later: it gives the peer back exactly what WireBridge took, which
+// prevResult need not tell (UnwireBridge, for DEL, knows only that).
+func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (undo func() error, err error) {
+	if alias == "" {
+		return nil, fmt.Errorf("bridge %q: no mark to give it", brName)
+	}
 	peer, tap, err := linkPair(peerName, tapName)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// The mark comes with the bridge, in the same RTM_NEWLINK.
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: brName, MTU: peer.Attrs().MTU, Alias: alias}}
-	if err := netlink.LinkAdd(br); err != nil {
-		return fmt.Errorf("bridge %q: create: %w", brName, err)
+	if err := RequireFree(brName); err != nil {
+		return nil, fmt.Errorf("bridge %q: %w", brName, err)
+	}
+	if err := createMarkedBridge(brName, alias, peer.Attrs().MTU); err != nil {
+		return nil, err
 	}
 	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
+	var removed []netlink.Addr
+	var routes []netlink.Route
+	undo = func() error {
+		err := UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
+		restoreAddrs(peer, removed)
+		restoreRoutes(routes)
+		return err
+	}
 	defer func() {
 		if err != nil {
-			_ = UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
+			_ = undo()
+			undo = nil
 		}
 	}()
+	br, err := netlinksafe.LinkByName(brName)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %q: %w", brName, err)
+	}
 	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
-		return fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
+		return nil, fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
 	}
 	// Removing the last address takes the routes through the peer along.
-	routes, err := netlinksafe.RouteList(peer, netlink.FAMILY_ALL)
-	if err != nil {
-		return fmt.Errorf("interface %q: list routes: %w", peerName, err)
+	if routes, err = netlinksafe.RouteList(peer, netlink.FAMILY_ALL); err != nil {
+		return nil, fmt.Errorf("interface %q: list routes: %w", peerName, err)
 	}
-	removed, err := flushAddrs(peer)
-	defer func() {
-		if err != nil {
-			restoreAddrs(peer, removed)
-			restoreRoutes(routes)
-		}
-	}()
-	if err != nil {
-		return err
+	if removed, err = flushAddrs(peer); err != nil {
+		return nil, err
 	}
 	for _, port := range []netlink.Link{peer, tap} {
 		if err := netlink.LinkSetMaster(port, br); err != nil {
-			return fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
+			return nil, fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
 		}
 	}
 	if err := netlink.LinkSetUp(br); err != nil {
-		return fmt.Errorf("bridge %q: set up: %w", brName, err)
+		return nil, fmt.Errorf("bridge %q: set up: %w", brName, err)
 	}
-	return nil
+	return undo, nil
 }
 
 // flushAddrs removes the peer's global addresses; link-local ones stay, the
@@ -266,31 +281,95 @@ type PeerRoute struct {
 	GW  net.IP
 }
 
-// UnwireBridge deletes bridge brName if it is a bridge marked with alias
-// (or not marked at all), and gives the peer back what is known of its
-// identity. Everything already
-// gone is fine; a bridge of someone else's is left alone.
+// createMarkedBridge makes bridge name, marked alias, under
+// TempBridgeName(alias) and renames it once marked.
+func createMarkedBridge(name, alias string, mtu int) (err error) {
+	temp := TempBridgeName(alias)
+	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: temp, MTU: mtu}}); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("bridge %q: its temporary name %q is taken: %w", name, temp, ErrBusy)
+		}
+		return fmt.Errorf("bridge %q: create as %q: %w", name, temp, err)
+	}
+	br, err := netlinksafe.LinkByName(temp)
+	if err != nil {
+		_ = deleteLink(temp)
+		return fmt.Errorf("bridge %q: %w", name, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = netlink.LinkDel(br)
+		}
+	}()
+	if err := netlink.LinkSetAlias(br, alias); err != nil {
+		return fmt.Errorf("bridge %q: set alias %q: %w", name, alias, err)
+	}
+	if err := netlink.LinkSetName(br, name); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			if err = RequireFree(name); err == nil {
+				err = ErrExists // gone again already
+			}
+		}
+		return fmt.Errorf("bridge %q: rename from %q: %w", name, temp, err)
+	}
+	return nil
+}
+
+// UnwireBridge undoes WireBridge: if bridge brName is a bridge marked with
+// alias, it takes the peer out of it, gives the peer back what is known of
+// its identity and deletes the bridge; the bridge last, so that a DEL that
+// fails half-way still finds its bridge when tried again. A bridge that is
+// not marked so is someone else's: it and the peer are left alone. A bridge
+// under TempBridgeName(alias) is what an ADD killed before marking it left
+// (it never had ports) and goes whatever its mark. Everything already gone
+// is fine.
 func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
-	if link, err := netlinksafe.LinkByName(brName); err == nil {
-		// An unmarked bridge of the configured name is ours too, should the
-		// kernel not have taken the mark with the bridge.
-		if _, ok := link.(*netlink.Bridge); ok && (link.Attrs().Alias == alias || link.Attrs().Alias == "") {
+	if alias == "" {
+		return fmt.Errorf("bridge %q: no mark to tell it by", brName)
+	}
+	temp := TempBridgeName(alias)
+	if link, err := netlinksafe.LinkByName(temp); err == nil {
+		if _, ok := link.(*netlink.Bridge); ok {
 			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-				return fmt.Errorf("bridge %q: delete: %w", brName, err)
+				return fmt.Errorf("bridge %q: delete: %w", temp, err)
 			}
 		}
 	} else if !isNotFound(err) {
+		return fmt.Errorf("bridge %q: %w", temp, err)
+	}
+
+	br, err := netlinksafe.LinkByName(brName)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
 		return fmt.Errorf("bridge %q: %w", brName, err)
 	}
-	if identity.MAC == nil && len(identity.Addrs) == 0 && len(identity.Routes) == 0 {
+	if _, ok := br.(*netlink.Bridge); !ok || br.Attrs().Alias != alias {
 		return nil
 	}
+	if err := restorePeer(br, peerName, identity); err != nil {
+		return err
+	}
+	if err := netlink.LinkDel(br); err != nil && !isNotFound(err) {
+		return fmt.Errorf("bridge %q: delete: %w", brName, err)
+	}
+	return nil
+}
+
+// restorePeer takes peer out of br and gives it back identity.
+func restorePeer(br netlink.Link, peerName string, identity PeerIdentity) error {
 	peer, err := netlinksafe.LinkByName(peerName)
 	if err != nil {
 		if isNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("interface %q: %w", peerName, err)
+	}
+	if peer.Attrs().MasterIndex == br.Attrs().Index {
+		if err := netlink.LinkSetNoMaster(peer); err != nil {
+			return fmt.Errorf("bridge %q: remove port %q: %w", br.Attrs().Name, peerName, err)
+		}
 	}
 	if identity.MAC != nil && peer.Attrs().HardwareAddr.String() != identity.MAC.String() {
 		if err := netlink.LinkSetHardwareAddr(peer, identity.MAC); err != nil {

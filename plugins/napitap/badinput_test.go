@@ -162,6 +162,8 @@ var badInputs = []badInput{
 	{name: "a tap name with DEL is rejected", fields: `"tapName":"tap\u007f0"`, code: types.ErrInvalidNetworkConfig, want: "tapName:"},
 	{name: "the chained interface's own name is no tap name", fields: `"tapName":"eth0"`, code: types.ErrInvalidNetworkConfig, want: "tapName:"},
 	{name: "a tap name with a no-break space is rejected", fields: `"tapName":"tap\u00a00"`, code: types.ErrInvalidNetworkConfig, want: "tapName:"},
+	{name: "a tap name of napitap's temporary form is rejected", fields: `"tapName":"napi~t0123456789"`, code: types.ErrInvalidNetworkConfig, want: "tapName:"},
+	{name: "a bridge name of napitap's temporary form is rejected", fields: `"wiring":"bridge","bridge":"napi~b0123456789"`, code: types.ErrInvalidNetworkConfig, want: "bridge:"},
 	{name: "a bridge name with a no-break space is rejected", fields: `"wiring":"bridge","bridge":"br\u00a00"`, code: types.ErrInvalidNetworkConfig, want: "bridge:"},
 
 	// MACs a tap cannot have.
@@ -472,6 +474,13 @@ func (f *badInputFixture) snapshot() []string {
 			for _, l := range links {
 				lines = append(lines, n.role+" "+l)
 			}
+			if err != nil {
+				return err
+			}
+			routes, err := routeFacts()
+			for _, r := range routes {
+				lines = append(lines, n.role+" "+r)
+			}
 			return err
 		})
 	}
@@ -498,8 +507,25 @@ func (f *badInputFixture) snapshot() []string {
 	return lines
 }
 
+// routeFacts describes the routes of the current netns but link-local ones.
+func routeFacts() ([]string, error) {
+	routes, err := netlinksafe.RouteList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, err
+	}
+	var facts []string
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() {
+			continue // the kernel's own, and they come when IPv6 is ready
+		}
+		facts = append(facts, "route "+r.String())
+	}
+	return facts, nil
+}
+
 // linkFacts describes the links of the current netns: name, type, MAC,
-// master, up, MTU and global addresses, then each qdisc and tc filter.
+// master, up, MTU, ifalias and global addresses, then each qdisc and tc
+// filter.
 func linkFacts() ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
@@ -527,8 +553,8 @@ func linkFacts() ([]string, error) {
 			}
 		}
 		slices.Sort(global)
-		facts = append(facts, fmt.Sprintf("link %s type=%s mac=%s master=%s up=%v mtu=%d addrs=%v",
-			a.Name, l.Type(), a.HardwareAddr, master, a.Flags&net.FlagUp != 0, a.MTU, global))
+		facts = append(facts, fmt.Sprintf("link %s type=%s mac=%s master=%s up=%v mtu=%d alias=%q addrs=%v",
+			a.Name, l.Type(), a.HardwareAddr, master, a.Flags&net.FlagUp != 0, a.MTU, a.Alias, global))
 
 		qdiscs, err := netlinksafe.QdiscList(l)
 		if err != nil {

@@ -56,6 +56,11 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	defer netns.Close()
+	// Before IPAM, so that a taken name costs no address; Create and
+	// WireBridge settle a race.
+	if err := netns.Do(func(ns.NetNS) error { return requireNamesFree(conf, args) }); err != nil {
+		return err
+	}
 
 	var ipamResult *current.Result
 	if conf.IPAM.Type != "" {
@@ -98,7 +103,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 
 		created, queues, err := tapsetup.Create(spec)
 		if err != nil {
-			return fmt.Errorf("netns %s: %w", args.Netns, err)
+			return nameError(conf, args, "tap", err)
 		}
 		// napitapd keeps its own copies of what it is handed.
 		defer tapsetup.CloseQueues(queues)
@@ -114,18 +119,23 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			return fmt.Errorf("tap %q: NAPI settings: %w", conf.TapName, err)
 		}
 
+		// The wiring undoes itself on error, and undoWiring undoes it for a
+		// later one.
+		undoWiring := func() error { return nil }
 		switch conf.Wiring {
 		case config.WiringTCRedirect:
-			err = tapsetup.WireRedirect(conf.PeerIfName, conf.TapName)
+			if err = tapsetup.WireRedirect(conf.PeerIfName, conf.TapName); err != nil {
+				return fmt.Errorf("netns %s: %w", args.Netns, err)
+			}
+			undoWiring = func() error { return tapsetup.UnwireRedirect(conf.PeerIfName) }
 		case config.WiringBridge:
-			err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC(), spec.Alias)
-		}
-		if err != nil {
-			return fmt.Errorf("netns %s: %w", args.Netns, err) // the wiring undid itself
+			if undoWiring, err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC(), spec.Alias); err != nil {
+				return nameError(conf, args, "bridge", err)
+			}
 		}
 		defer func() {
 			if err != nil {
-				_ = unwire(conf, args.IfName, guestMAC)
+				_ = undoWiring()
 			}
 		}()
 		if err := netlink.LinkSetUp(created); err != nil {
@@ -239,10 +249,17 @@ func cmdDel(args *skel.CmdArgs) error {
 		if err := unwire(conf, args.IfName, guestMAC); err != nil {
 			return err
 		}
+		// Only taps marked as this attachment's: after a failed ADD the
+		// name may well be someone else's (KubeVirt's tap0, say). Under the
+		// temporary name, any tap is what a killed ADD left.
+		owner := tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		for _, name := range tapsToDelete(conf, args.IfName) {
-			if err := tapsetup.DeleteTap(name, tapsetup.OwnerAlias(args.ContainerID, args.IfName)); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			if err := tapsetup.DeleteTap(name, owner); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
 				return err
 			}
+		}
+		if err := tapsetup.DeleteTap(tapsetup.TempTapName(owner), ""); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			return err
 		}
 		return nil
 	})
@@ -253,6 +270,57 @@ func cmdDel(args *skel.CmdArgs) error {
 		return fmt.Errorf("netns %s: %w", args.Netns, err)
 	}
 	return nil
+}
+
+// requireNamesFree fails, as nameError says, when the tap's or the bridge's
+// name is taken in the current netns.
+func requireNamesFree(conf *config.Config, args *skel.CmdArgs) error {
+	if err := tapsetup.RequireFree(conf.TapName); err != nil {
+		return nameError(conf, args, "tap", fmt.Errorf("tap %q: %w", conf.TapName, err))
+	}
+	if conf.Wiring == config.WiringBridge {
+		if err := tapsetup.RequireFree(conf.Bridge); err != nil {
+			return nameError(conf, args, "bridge", fmt.Errorf("bridge %q: %w", conf.Bridge, err))
+		}
+	}
+	return nil
+}
+
+// nameError makes the CNI error of a failure to create the tap or the
+// bridge (kind). A name another link holds is the fault of whoever chose
+// the name: the config (code 7) or, for a default, CNI_IFNAME (code 4). A
+// temporary name in use passes once the ADD under way or the runtime's DEL
+// is done (code 11). Anything else is wrapped as it is.
+func nameError(conf *config.Config, args *skel.CmdArgs, kind string, err error) error {
+	switch {
+	case errors.Is(err, tapsetup.ErrBusy):
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("netns %s: %v", args.Netns, err), "")
+	case !errors.Is(err, tapsetup.ErrExists):
+		return fmt.Errorf("netns %s: %w", args.Netns, err)
+	}
+	cause := tapsetup.ErrExists.Error()
+	var exists tapsetup.ExistsError
+	if errors.As(err, &exists) {
+		cause = exists.Error()
+	}
+	name, given, origin := conf.TapName, conf.TapNameGiven, ""
+	field := "tapName"
+	if kind == "bridge" {
+		name, given, field = conf.Bridge, conf.BridgeGiven, "bridge"
+		if !given && conf.TapNameGiven {
+			// "br-" + tapName: the config chose it all the same.
+			given, origin = true, fmt.Sprintf(" (named after tapName %q)", conf.TapName)
+		}
+	}
+	if given {
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("%s: %s %q%s in netns %s: %s", field, kind, name, origin, args.Netns, cause), "")
+	}
+	if name != args.IfName {
+		origin = fmt.Sprintf(" (named after CNI_IFNAME %q)", args.IfName)
+	}
+	return types.NewError(types.ErrInvalidEnvironmentVariables,
+		fmt.Sprintf("CNI_IFNAME: %s %q%s in netns %s: %s", kind, name, origin, args.Netns, cause), "")
 }
 
 // podAddrs are the pod interface's addresses as prevResult knows them: on

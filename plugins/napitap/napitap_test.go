@@ -381,7 +381,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 		wantCode uint
 	}{
 		{
-			name: "a bridge name already taken in the pod fails after the tap exists",
+			name: "a bridge name already taken in the pod fails before the tap exists",
 			prepare: func(e *cnitest.Env) error {
 				return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br-tap0"}})
 			},
@@ -389,7 +389,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 				return []string{`{"type":"napitap","wiring":"bridge","queues":2,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"` + e.Pod.Path() + `"}]}}`}
 			},
 			ifName:   "eth0",
-			wantCode: types.ErrInternal,
+			wantCode: types.ErrInvalidEnvironmentVariables, // br-tap0 comes from CNI_IFNAME eth0
 		},
 		{
 			name: "a tap name taken by another link fails without touching it",
@@ -398,7 +398,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 			},
 			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","queues":2}`} },
 			ifName:   "tap0",
-			wantCode: types.ErrInternal,
+			wantCode: types.ErrInvalidEnvironmentVariables,
 		},
 		{
 			name: "an IPAM failure leaves no tap",

@@ -47,6 +47,9 @@ func Present(netnsPath string, want Expect) error {
 		return fmt.Errorf("%s: multiqueue %v for %d queues", name, tap.MultiQueue, want.Queues)
 	case !tap.Persistent || !tap.Up:
 		return fmt.Errorf("%s: persist=%v up=%v, want both", name, tap.Persistent, tap.Up)
+	case want.ContainerID != "" && tap.Link.Attrs().Alias != owner(want):
+		// DEL and GC go by the mark: without it the tap would leak.
+		return fmt.Errorf("%s: ifalias %q, want %q", name, tap.Link.Attrs().Alias, owner(want))
 	}
 	if err := checkWiring(netnsPath, tap.Link, want); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -127,8 +130,21 @@ func checkWiring(netnsPath string, tap netlink.Link, want Expect) error {
 		case "tc-redirect":
 			return tapsetup.CheckRedirect(peer, tap)
 		case "bridge":
-			return tapsetup.CheckBridge(want.Bridge, peer, tap)
+			if err := tapsetup.CheckBridge(want.Bridge, peer, tap); err != nil {
+				return err
+			}
+			br, err := netlinksafe.LinkByName(want.Bridge)
+			if err != nil {
+				return err
+			}
+			if want.ContainerID != "" && br.Attrs().Alias != owner(want) {
+				return fmt.Errorf("bridge %q: ifalias %q, want %q", want.Bridge, br.Attrs().Alias, owner(want))
+			}
+			return nil
 		}
 		return fmt.Errorf("unknown wiring %q", want.Wiring)
 	})
 }
+
+// owner is the mark napitap gives the attachment's tap and bridge.
+func owner(want Expect) string { return tapsetup.OwnerAlias(want.ContainerID, want.IfName) }
