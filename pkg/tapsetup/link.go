@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Tap is what the kernel reports about a tap, for CHECK and the tests.
