@@ -136,6 +136,8 @@ func (a *Agent) serve(f *os.File, origin string) {
 		return
 	}
 	var n seccompNotif
+	sock := &netnsSocket{fd: -1}
+	defer sock.close()
 	for {
 		var got, hup bool
 		var recvErr error
@@ -153,7 +155,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			log.Debug("every process under the filter has exited")
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, log) })
 	}
 }
 
@@ -182,8 +184,8 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, log *slog.Logger) {
-	v := a.decide(listener, n)
+func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, log *slog.Logger) {
+	v := a.decide(listener, n, sock)
 	if v.gone {
 		return
 	}
