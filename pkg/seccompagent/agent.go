@@ -121,6 +121,12 @@ func (a *Agent) Close() {
 	a.netns.close()
 }
 
+func (a *Agent) isClosed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.closed
+}
+
 func (a *Agent) serve(f *os.File, origin string) {
 	defer a.wg.Done()
 	defer func() {
@@ -146,7 +152,10 @@ func (a *Agent) serve(f *os.File, origin string) {
 			return got || hup || recvErr != nil
 		})
 		switch {
-		case err != nil: // closed by Close
+		case err != nil:
+			if !a.isClosed() {
+				log.Error("waiting on the seccomp listener", "err", err)
+			}
 			return
 		case recvErr != nil:
 			log.Error("SECCOMP_IOCTL_NOTIF_RECV", "err", recvErr)

@@ -69,6 +69,10 @@ func TestMain(m *testing.M) {
 		os.Exit(runTarget())
 	case "agent":
 		os.Exit(runAgent())
+	case "launch-sleep":
+		err := Launch(os.Getenv(socketEnv), []string{"sleep", "30"}, os.Environ())
+		fmt.Fprintln(os.Stderr, "launch:", err)
+		os.Exit(3)
 	case "launch-true":
 		// napitapctl launch -- true: the filter, the hand-over, the exec.
 		err := Launch(os.Getenv(socketEnv), []string{"true"}, os.Environ())

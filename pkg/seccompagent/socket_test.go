@@ -200,3 +200,35 @@ func TestSendListenerSpeaksRuncsMessage(t *testing.T) {
 		t.Fatalf("%d bytes", len(b))
 	}
 }
+
+func TestClosingTheAgentLetsGoOfLiveListeners(t *testing.T) {
+	ta := startAgent(t, slog.LevelInfo)
+	before := openFDs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// launch -- sleep: a process that lives under the filter.
+	cmd := helperCmd(ctx, "launch-sleep", socketEnv+"="+ta.socket)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for ta.agent.Listeners() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the launched process's listener never arrived")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	ta.stop()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	if n := ta.agent.Listeners(); n != 0 {
+		t.Errorf("%d listeners after Close", n)
+	}
+	if logs := ta.log.String(); strings.Contains(logs, "level=ERROR") {
+		t.Errorf("Close logged errors:\n%s", logs)
+	}
+	waitFDs(t, before, "after Close")
+}
