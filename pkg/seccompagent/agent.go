@@ -49,9 +49,9 @@ type Agent struct {
 	closed    bool
 	wg        sync.WaitGroup
 
-	// beforeReply, for tests, runs after the decision and before the
-	// answer, attached telling whether the caller's fd was attached: where
-	// a signal or napitapd's death hurts most.
+	// beforeReply, for tests (set under mu), runs after the decision and
+	// before the answer, attached telling whether the caller's fd was
+	// attached: where a signal or napitapd's death hurts most.
 	beforeReply func(tid int, attached bool)
 }
 
@@ -141,6 +141,9 @@ func (a *Agent) serve(f *os.File, origin string) {
 		log.Error("seccomp listener", "err", err)
 		return
 	}
+	a.mu.Lock()
+	hook := a.beforeReply
+	a.mu.Unlock()
 	var n seccompNotif
 	sock := &netnsSocket{fd: -1}
 	defer sock.close()
@@ -164,7 +167,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			log.Debug("every process under the filter has exited")
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, hook, log) })
 	}
 }
 
@@ -193,13 +196,13 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, log *slog.Logger) {
+func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, hook func(int, bool), log *slog.Logger) {
 	v := a.decide(listener, n, sock)
 	if v.gone {
 		return
 	}
-	if a.beforeReply != nil {
-		a.beforeReply(int(n.Pid), !v.cont && v.errno == 0)
+	if hook != nil {
+		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)

@@ -286,10 +286,12 @@ func runAgent() int {
 		return fail("%v", err)
 	}
 	if os.Getenv(stallEnv) != "" {
+		agent.mu.Lock()
 		agent.beforeReply = func(int, bool) {
 			fmt.Println("stalled")
 			select {}
 		}
+		agent.mu.Unlock()
 	}
 	l, err := Listen(os.Getenv(socketEnv), 0o600, -1)
 	if err != nil {
