@@ -1,5 +1,7 @@
 // napitapd is napitap's node daemon: it holds the NAPI queue fds that the
-// CNI plugin opened, and hands them to the VM runtime that asks for them.
+// CNI plugin opened and hands them to the VM runtime that asks for them,
+// and, as a seccomp agent, turns a runtime's own by-name open of a napitap
+// tap into a NAPI one.
 package main
 
 import (
@@ -14,68 +16,90 @@ import (
 	"time"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
+// options are napitapd's flags.
+type options struct {
+	socket, socketMode, socketGroup string
+	stateDir                        string
+	sweep                           time.Duration
+	limits                          handoff.Limits
+	seccompSocket                   string
+}
+
 func main() {
-	socket := flag.String("socket", handoff.DefaultSocket, "unix socket to serve")
-	mode := flag.String("socket-mode", "0660", "permission bits of the socket")
-	group := flag.String("socket-group", "", "group (name or gid) that owns the socket; runtimes that are not root need it")
-	stateDir := flag.String("state-dir", handoff.DefaultStateDir, "where each attachment's state file lives")
-	sweep := flag.Duration("sweep-interval", time.Minute, "how often to drop attachments whose netns or tap is gone")
-	var limits handoff.Limits
-	flag.IntVar(&limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once; more are closed at once")
-	flag.IntVar(&limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one uid other than root may hold at once")
+	var o options
+	flag.StringVar(&o.socket, "socket", handoff.DefaultSocket, "unix socket to serve")
+	flag.StringVar(&o.socketMode, "socket-mode", "0660", "permission bits of the sockets")
+	flag.StringVar(&o.socketGroup, "socket-group", "", "group (name or gid) that owns the sockets; runtimes that are not root need it")
+	flag.StringVar(&o.stateDir, "state-dir", handoff.DefaultStateDir, "where each attachment's state file lives")
+	flag.DurationVar(&o.sweep, "sweep-interval", time.Minute, "how often to drop attachments whose netns or tap is gone")
+	flag.IntVar(&o.limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once; more are closed at once")
+	flag.IntVar(&o.limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one uid other than root may hold at once")
+	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(logger, *socket, *mode, *group, *stateDir, *sweep, limits); err != nil {
+	if err := run(logger, o); err != nil {
 		logger.Error("napitapd", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep time.Duration, limits handoff.Limits) error {
-	mode, err := strconv.ParseUint(modeText, 8, 32)
+func run(logger *slog.Logger, o options) error {
+	// Before any socket exists: a SIGTERM during startup still gets the
+	// orderly stop that removes them.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
 	if err != nil {
-		return fmt.Errorf("--socket-mode %q: %w", modeText, err)
+		return fmt.Errorf("--socket-mode %q: %w", o.socketMode, err)
 	}
-	if limits.MaxConns <= 0 || limits.MaxConnsPerUID <= 0 {
-		return fmt.Errorf("--max-conns %d, --max-conns-per-uid %d: want positive numbers", limits.MaxConns, limits.MaxConnsPerUID)
+	if o.limits.MaxConns <= 0 || o.limits.MaxConnsPerUID <= 0 {
+		return fmt.Errorf("--max-conns %d, --max-conns-per-uid %d: want positive numbers", o.limits.MaxConns, o.limits.MaxConnsPerUID)
 	}
-	if err := limits.Validate(); err != nil {
+	if err := o.limits.Validate(); err != nil {
 		return fmt.Errorf("--max-conns, --max-conns-per-uid: %w", err)
 	}
-	gid, err := lookupGroup(group)
+	gid, err := lookupGroup(o.socketGroup)
 	if err != nil {
 		return err
 	}
-	srv, err := handoff.NewServer(stateDir, logger)
+	srv, err := handoff.NewServer(o.stateDir, logger)
 	if err != nil {
 		return err
 	}
-	srv.Limits = limits
-	l, err := handoff.Listen(socket, os.FileMode(mode), gid)
+	srv.Limits = o.limits
+	l, err := handoff.Listen(o.socket, os.FileMode(mode), gid)
 	if err != nil {
 		return err
 	}
-	logger.Info("serving", "socket", socket, "state", stateDir, "maxConns", limits.MaxConns, "maxConnsPerUID", limits.MaxConnsPerUID)
+	if o.seccompSocket != "" {
+		stopAgent, err := seccompagent.Start(o.seccompSocket, os.FileMode(mode), gid, agentRegistry(srv), logger)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		defer stopAgent()
+	}
+	logger.Info("serving", "socket", o.socket, "state", o.stateDir, "seccomp-socket", o.seccompSocket,
+		"maxConns", o.limits.MaxConns, "maxConnsPerUID", o.limits.MaxConnsPerUID)
 
 	go func() {
-		for range time.Tick(sweep) {
+		for range time.Tick(o.sweep) {
 			if n := srv.Sweep(); n > 0 {
 				logger.Info("swept attachments whose pod is gone", "count", n)
 			}
 		}
 	}()
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-stop
 		l.Close()
 	}()
 	err = srv.Serve(l)
 	srv.Close()
-	os.Remove(socket)
+	os.Remove(o.socket)
 	return err
 }
 

@@ -1,100 +1,133 @@
 // Package tunperm decides who may attach a queue to a tap, by the rule the
 // kernel applies at TUNSETIFF (tun_not_capable in drivers/net/tun.c), so
-// that napitapd, which acts with its own privileges on a caller's behalf,
-// grants exactly what the kernel would grant the caller itself.
+// that napitapd, which acts with its own privileges on a caller's behalf
+// (a fetch, or its seccomp agent's TUNSETIFF), grants exactly what the
+// kernel would grant the caller itself.
 package tunperm
 
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// Creds are what the kernel looks at.
+// Creds are what the kernel looks at, read from /proc/PID/status
+// (credentials are per thread: PID may be a thread's id).
 type Creds struct {
 	EUID   uint32
 	EGID   uint32
 	Groups []uint32 // supplementary
+	CapEff uint64
 	// NetAdmin: CAP_NET_ADMIN over the tap's netns, which overrides the
-	// owner and group.
+	// owner and group. Set by Of; Read leaves it false.
 	NetAdmin bool
 }
 
-// MayAttach is the kernel's rule: with an owner set, the euid must be it;
-// with a group set, it must be the egid or a supplementary group; with
-// neither, anyone who can open /dev/net/tun in the netns may attach.
-func MayAttach(c Creds, owner, group *uint32) bool {
-	if c.NetAdmin {
-		return true
-	}
+// OwnerGroupAllow is the first half of the kernel's rule: with an owner
+// set, the euid must be it; with a group set, it must be the egid or a
+// supplementary group; with neither, anyone who can open /dev/net/tun in
+// the netns may attach.
+func OwnerGroupAllow(c Creds, owner, group *uint32) bool {
 	if owner != nil && c.EUID != *owner {
 		return false
 	}
-	if group != nil && c.EGID != *group && !slices.Contains(c.Groups, *group) {
-		return false
-	}
-	return true
+	return group == nil || c.EGID == *group || slices.Contains(c.Groups, *group)
 }
 
-// initUserNSInode is the kernel's fixed inode of the initial user namespace
-// (PROC_USER_INIT_INO).
-const initUserNSInode = 0xEFFFFFFD
+// MayAttach is the whole rule, for creds made by Of.
+func MayAttach(c Creds, owner, group *uint32) bool {
+	return c.NetAdmin || OwnerGroupAllow(c, owner, group)
+}
 
-// Of reads pid's credentials as they are now. netnsFD is the netns of the
-// tap, for the CAP_NET_ADMIN override. Callers that must know pid is still
-// the process they mean check that afterwards (a pidfd).
+// Of reads pid's credentials as they are now, NetAdmin included for the
+// netns netnsFD. Callers that must know pid is still the process they mean
+// check that afterwards (a pidfd, or SECCOMP_IOCTL_NOTIF_ID_VALID).
 func Of(pid int, netnsFD int) (Creds, error) {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	c, err := Read(pid)
+	if err != nil {
+		return c, err
+	}
+	c.NetAdmin, err = NetAdmin(pid, c, netnsFD)
+	return c, err
+}
+
+// Read reads pid's credentials without the NetAdmin override.
+func Read(pid int) (Creds, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return Creds{}, err
 	}
-	c, capEff, err := parseStatus(status)
+	c, err := parseStatus(b)
 	if err != nil {
 		return Creds{}, fmt.Errorf("/proc/%d/status: %w", pid, err)
-	}
-	if capEff&(1<<unix.CAP_NET_ADMIN) != 0 {
-		c.NetAdmin, err = ownsNetns(pid, netnsFD)
-		if err != nil {
-			return Creds{}, err
-		}
 	}
 	return c, nil
 }
 
-// ownsNetns: the caller's capabilities count in its own user namespace and
-// below it. Two cases are decided exactly and cover what runs on a node:
-// the initial user namespace (above all) and the very user namespace that
-// owns the netns. A caller in some other user namespace is refused the
-// override, which errs on the side of the owner/group rule.
-func ownsNetns(pid int, netnsFD int) (bool, error) {
+// NetAdmin is the second half: ns_capable(net->user_ns, CAP_NET_ADMIN)
+// for pid, the netns given by netnsFD. It follows the kernel's
+// cap_capable: the caller's effective set counts in its own user
+// namespace; in a descendant one, being the owner of the child of the
+// caller's namespace on the way down grants everything.
+func NetAdmin(pid int, c Creds, netnsFD int) (bool, error) {
 	var callerNS unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &callerNS); err != nil {
 		return false, err
 	}
-	if callerNS.Ino == initUserNSInode {
-		return true, nil
-	}
-	owner, err := unix.IoctlRetInt(netnsFD, unix.NS_GET_USERNS)
+	cur, err := unix.IoctlRetInt(netnsFD, unix.NS_GET_USERNS)
 	if err != nil {
 		return false, fmt.Errorf("NS_GET_USERNS: %w", err)
 	}
-	defer unix.Close(owner)
-	var ownerNS unix.Stat_t
-	if err := unix.Fstat(owner, &ownerNS); err != nil {
-		return false, err
+	defer func() { unix.Close(cur) }()
+	same := func(fd int) (bool, error) {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false, err
+		}
+		return st.Dev == callerNS.Dev && st.Ino == callerNS.Ino, nil
 	}
-	return ownerNS.Ino == callerNS.Ino && ownerNS.Dev == callerNS.Dev, nil
+	hasCap := c.CapEff&(1<<unix.CAP_NET_ADMIN) != 0
+	for {
+		if ok, err := same(cur); err != nil || ok {
+			return ok && hasCap, err
+		}
+		parent, err := unix.IoctlRetInt(cur, unix.NS_GET_PARENT)
+		if err != nil {
+			// The initial namespace (or one above napitapd's) is reached
+			// without meeting the caller's: it is not an ancestor.
+			return false, nil
+		}
+		if ok, err := same(parent); err != nil || ok {
+			var owner uint32
+			_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(cur), unix.NS_GET_OWNER_UID, uintptr(unsafe.Pointer(&owner)))
+			unix.Close(parent)
+			if err != nil || errno != 0 {
+				return false, fmt.Errorf("user namespace owner: %w", errors.Join(err, errnoErr(errno)))
+			}
+			return owner == c.EUID || hasCap, nil
+		}
+		unix.Close(cur)
+		cur = parent
+	}
 }
 
-func parseStatus(b []byte) (Creds, uint64, error) {
+func errnoErr(e unix.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}
+
+func parseStatus(b []byte) (Creds, error) {
 	var c Creds
-	var capEff uint64
 	seen := 0
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
@@ -108,7 +141,7 @@ func parseStatus(b []byte) (Creds, uint64, error) {
 		case "Uid", "Gid":
 			// real, effective, saved, fs
 			if len(fields) < 2 {
-				return c, 0, fmt.Errorf("%s: %q", key, val)
+				return c, fmt.Errorf("%s: %q", key, val)
 			}
 			var id uint64
 			id, err = strconv.ParseUint(fields[1], 10, 32)
@@ -128,17 +161,17 @@ func parseStatus(b []byte) (Creds, uint64, error) {
 			}
 		case "CapEff":
 			if len(fields) != 1 {
-				return c, 0, fmt.Errorf("CapEff: %q", val)
+				return c, fmt.Errorf("CapEff: %q", val)
 			}
-			capEff, err = strconv.ParseUint(fields[0], 16, 64)
+			c.CapEff, err = strconv.ParseUint(fields[0], 16, 64)
 			seen++
 		}
 		if err != nil {
-			return c, 0, fmt.Errorf("%s: %w", key, err)
+			return c, fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	if seen != 3 {
-		return c, 0, fmt.Errorf("no Uid, Gid or CapEff line")
+		return c, fmt.Errorf("no Uid, Gid or CapEff line")
 	}
-	return c, capEff, nil
+	return c, nil
 }

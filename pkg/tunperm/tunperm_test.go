@@ -38,14 +38,14 @@ func TestMayAttachFollowsTheKernel(t *testing.T) {
 
 func TestParseStatus(t *testing.T) {
 	status := "Name:\tqemu\nUid:\t107\t107\t107\t107\nGid:\t1\t108\t108\t108\nGroups:\t36 108 \nCapEff:\t0000000000001000\n"
-	c, capEff, err := parseStatus([]byte(status))
+	c, err := parseStatus([]byte(status))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.EUID != 107 || c.EGID != 108 || len(c.Groups) != 2 || c.Groups[1] != 108 || capEff != 1<<unix.CAP_NET_ADMIN {
-		t.Errorf("parsed %+v capEff %x", c, capEff)
+	if c.EUID != 107 || c.EGID != 108 || len(c.Groups) != 2 || c.Groups[1] != 108 || c.CapEff != 1<<unix.CAP_NET_ADMIN {
+		t.Errorf("parsed %+v", c)
 	}
-	if _, _, err := parseStatus([]byte("Name:\tx\n")); err == nil {
+	if _, err := parseStatus([]byte("Name:\tx\n")); err == nil {
 		t.Error("a status without Uid, Gid and CapEff parsed")
 	}
 }

@@ -1,0 +1,101 @@
+package seccompagent
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileNetns opens the network namespace of an open /dev/net/tun file: the
+// one TUNSETIFF looks the name up in, whatever netns its holder is in now.
+func fileNetns(tunfd int) (int, error) {
+	nsfd, err := unix.IoctlRetInt(tunfd, unix.SIOCGSKNS)
+	if err != nil {
+		return -1, fmt.Errorf("SIOCGSKNS: %w", err)
+	}
+	return nsfd, nil
+}
+
+// netnsSwitcher looks links up in other network namespaces from a thread
+// of napitapd's.
+type netnsSwitcher struct {
+	home int // napitapd's own netns, to come back to
+}
+
+func newNetnsSwitcher() (*netnsSwitcher, error) {
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("own netns: %w", err)
+	}
+	return &netnsSwitcher{home: fd}, nil
+}
+
+func (s *netnsSwitcher) close() { unix.Close(s.home) }
+
+// netnsSocket is a socket in one netns, kept by a listener's goroutine
+// for the next queue of the same runtime: making one costs two setns.
+// It pins that netns, at most until the listener's processes are gone.
+type netnsSocket struct {
+	netnsID uint64
+	fd      int // -1: none
+}
+
+func (c *netnsSocket) close() {
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
+}
+
+// linkExists reports whether a link named name exists in the netns nsfd
+// (netnsID). TUNSETIFF by napitapd on a name that is gone would create a
+// tap with napitapd's rights, which the caller could not have done.
+func (s *netnsSwitcher) linkExists(nsfd int, netnsID uint64, name string, cache *netnsSocket) (bool, error) {
+	if cache.fd < 0 || cache.netnsID != netnsID {
+		cache.close()
+		sock, err := s.socketIn(nsfd)
+		if err != nil {
+			return false, err
+		}
+		cache.netnsID, cache.fd = netnsID, sock
+	}
+	sock := cache.fd
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return false, err
+	}
+	// Any socket answers SIOCGIFINDEX for the netns it was made in.
+	err = unix.IoctlIfreq(sock, unix.SIOCGIFINDEX, ifr)
+	if errors.Is(err, unix.ENODEV) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("SIOCGIFINDEX %q: %w", name, err)
+	}
+	return true, nil
+}
+
+// socketIn makes a socket in the netns nsfd.
+func (s *netnsSwitcher) socketIn(nsfd int) (int, error) {
+	runtime.LockOSThread()
+	if err := unix.Setns(nsfd, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("setns: %w", err)
+	}
+	sock, serr := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err := unix.Setns(s.home, unix.CLONE_NEWNET); err != nil {
+		// This thread stays locked, and Go ends it with its goroutine,
+		// rather than run anything else in a pod's netns.
+		if serr == nil {
+			unix.Close(sock)
+		}
+		return -1, fmt.Errorf("setns back to napitapd's netns: %w", err)
+	}
+	runtime.UnlockOSThread()
+	if serr != nil {
+		return -1, fmt.Errorf("socket: %w", serr)
+	}
+	return sock, nil
+}
