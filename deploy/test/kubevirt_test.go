@@ -1,17 +1,31 @@
 package deploytest
 
 import (
+	"path"
 	"testing"
+
+	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/seccompprofile"
 )
 
 // The KubeVirt example fits together: the VMI's binding is registered with
 // domainAttachmentType tap, its network is a napitap network whose tap
 // KubeVirt finds by name and libvirt can open as uid/gid 107, and the tap's
-// multiqueue mode is what the VMI asks for.
+// multiqueue mode is what the VMI asks for; virt-launcher runs under the
+// profile the DaemonSet installs, so libvirt's by-name open gets NAPI.
 func TestKubeVirtExample(t *testing.T) {
 	objs := manifestFiles(t)
 	confs, _ := napitapConfs(t, objs)
 	kv := find[*KubeVirt](t, objs, "KubeVirt", "kubevirt")
+	ds, _ := daemonSet(t, "deploy")
+	profiles := container(t, ds.Spec.Template.Spec.InitContainers, "install-seccomp-profiles")
+	dir, _ := flagValue(profiles.Command, "install")
+	want := path.Join(path.Base(dir), seccompprofile.VirtLauncher+".json")
+	if sc := kv.Spec.Configuration.SeccompConfiguration; sc == nil || sc.VirtualMachineInstanceProfile == nil ||
+		sc.VirtualMachineInstanceProfile.CustomProfile == nil || sc.VirtualMachineInstanceProfile.CustomProfile.LocalhostProfile == nil ||
+		*sc.VirtualMachineInstanceProfile.CustomProfile.LocalhostProfile != want {
+		t.Errorf("the KubeVirt CR does not select the virt-launcher profile the DaemonSet installs (%s)", want)
+	}
 	vmi := find[*VirtualMachineInstance](t, objs, "VirtualMachineInstance", "napitap-vmi")
 
 	networks := map[string]string{}
@@ -60,8 +74,8 @@ func TestKubeVirtExample(t *testing.T) {
 		if conf.Wiring != "tc-redirect" {
 			t.Errorf("%s: wiring %s: KubeVirt copies the pod interface's MAC, which only tc-redirect keeps", nad, conf.Wiring)
 		}
-		if conf.HandoffSocket != "" {
-			t.Errorf("%s: libvirt opens the tap by name, so napitapd must hold no queues (handoff disabled)", nad)
+		if conf.HandoffMode != config.HandoffIntercept || !conf.HandoffRequired {
+			t.Errorf("%s: handoff mode %q required %v: libvirt opens the tap by name, so intercept (required: no NAPI-less VM starts silently)", nad, conf.HandoffMode, conf.HandoffRequired)
 		}
 		if wantMQ := multiqueue && vcpus > 1; (conf.Queues > 1) != wantMQ {
 			t.Errorf("%s: %d queues, but the VMI has multiqueue %v with %d vCPUs", nad, conf.Queues, multiqueue, vcpus)
@@ -85,7 +99,7 @@ func TestKataExample(t *testing.T) {
 	if conf == nil {
 		return
 	}
-	if conf.KataDanDir == "" || conf.HandoffSocket != "" {
-		t.Errorf("napitap-kata: DAN dir %q, hand-off socket %q: want kataDan on and the hand-off off", conf.KataDanDir, conf.HandoffSocket)
+	if conf.KataDanDir == "" || conf.HandoffMode != config.HandoffIntercept {
+		t.Errorf("napitap-kata: DAN dir %q, handoff mode %q: want kataDan on and intercept", conf.KataDanDir, conf.HandoffMode)
 	}
 }

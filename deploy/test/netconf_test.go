@@ -216,15 +216,13 @@ func checkNapitapConf(t reporter, c napitapConf) *config.Config {
 	}
 	// Queues napitapd holds while a runtime opens the tap by name would
 	// take traffic nobody reads (DESIGN.md fact 7): Kata runtime-rs does.
-	var kata config.KataDanConf
-	var handoff config.HandoffConf
-	c.get("handoff", &handoff)
-	if c.get("kataDan", &kata) && kata.Enabled && !handoff.Disabled {
-		t.Errorf("%s: kataDan without \"handoff\": {\"disabled\": true}", c.source)
-	}
 	conf, err := config.Load(c.raw, config.Attachment{ContainerID: "deploytest", IfName: "net1"})
 	if err != nil {
 		t.Errorf("%s: napitap rejects its config: %v", c.source, err)
+		return nil
+	}
+	if conf.KataDanDir != "" && !conf.RuntimeOpensByName() {
+		t.Errorf("%s: kataDan with handoff mode %q", c.source, conf.HandoffMode)
 	}
 	return conf
 }

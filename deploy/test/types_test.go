@@ -46,7 +46,8 @@ type confList struct {
 	Plugins                []json.RawMessage `json:"plugins"`
 }
 
-// KubeVirt is kubevirt.io/v1's, as far as network binding plugins go.
+// KubeVirt is kubevirt.io/v1's, as far as network binding plugins and
+// seccomp profiles go.
 type KubeVirt struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -55,6 +56,14 @@ type KubeVirt struct {
 			Network struct {
 				Binding map[string]InterfaceBindingPlugin `json:"binding,omitempty"`
 			} `json:"network"`
+			SeccompConfiguration *struct {
+				VirtualMachineInstanceProfile *struct {
+					CustomProfile *struct {
+						LocalhostProfile *string `json:"localhostProfile,omitempty"`
+						RuntimeDefault   bool    `json:"runtimeDefaultProfile,omitempty"`
+					} `json:"customProfile,omitempty"`
+				} `json:"virtualMachineInstanceProfile,omitempty"`
+			} `json:"seccompConfiguration,omitempty"`
 		} `json:"configuration"`
 	} `json:"spec"`
 }
