@@ -50,8 +50,9 @@ type Agent struct {
 	wg        sync.WaitGroup
 
 	// beforeReply, for tests, runs after the decision and before the
-	// answer: where a signal or napitapd's death hurts most.
-	beforeReply func(tid int)
+	// answer, attached telling whether the caller's fd was attached: where
+	// a signal or napitapd's death hurts most.
+	beforeReply func(tid int, attached bool)
 }
 
 // New makes an agent that gives NAPI to the taps reg names.
@@ -187,7 +188,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, log *slog.Logger) {
 		return
 	}
 	if a.beforeReply != nil {
-		a.beforeReply(int(n.Pid))
+		a.beforeReply(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)

@@ -90,7 +90,7 @@ func (a *Agent) decide(listener int, n *seccompNotif) verdict {
 	}
 	if asked := ifr.flags&unix.IFF_MULTI_QUEUE != 0; asked != t.MultiQueue {
 		// libvirt reports only "Invalid argument": say what differs.
-		log.Warn("multiqueue mode mismatch: EINVAL, as the kernel answers", "asked", queueMode(asked), "tap", queueMode(t.MultiQueue))
+		log.Warn("multiqueue mode mismatch: EINVAL, as the kernel answers", "asked_mode", queueMode(asked), "tap_mode", queueMode(t.MultiQueue))
 		return verdict{errno: unix.EINVAL}
 	}
 	if t.Owner != nil || t.Group != nil {

@@ -1,0 +1,374 @@
+package seccompagent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/nstest"
+)
+
+func TestAManagedTapGetsNAPIQueuesOnlyThroughTheAgent(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	const tap = "napisc0"
+	newTap(t, pod, tapSpec{name: tap, multiQueue: true})
+	ta := startAgent(t, slog.LevelInfo)
+	ta.manage(t, pod, tap, Target{NAPI: true, MultiQueue: true})
+
+	tests := []struct {
+		name     string
+		socket   string
+		wantNAPI bool
+	}{
+		{"a QEMU-like open of 4 queues under the agent gets NAPI queues that merge in GRO", ta.socket, true},
+		{"the same open without the agent gets plain queues that do not merge", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := openFDs(t)
+			spec := targetSpec{Netns: pod.Path(), Tap: tap, Queues: 4, Flags: qemuFlags, Again: true, Probe: true}
+			res := runTargetProc(t, spec, tc.socket)
+			for i, e := range res.Errnos {
+				if e != 0 {
+					t.Fatalf("queue %d: TUNSETIFF: %v", i, unix.Errno(e))
+				}
+				if got := res.Flags[i]&unix.IFF_NAPI != 0; got != tc.wantNAPI {
+					t.Errorf("queue %d: TUNGETIFF flags 0x%x, IFF_NAPI %v, want %v", i, res.Flags[i], got, tc.wantNAPI)
+				}
+			}
+			// Cloud Hypervisor repeats TUNSETIFF on fds it was given.
+			if res.Again != int(unix.EEXIST) {
+				t.Errorf("TUNSETIFF again on an attached queue: %v, want EEXIST as natively", unix.Errno(res.Again))
+			}
+			if res.Merged != tc.wantNAPI {
+				t.Errorf("GRO probe on the last queue: merged %v, want %v; frame lengths %v", res.Merged, tc.wantNAPI, res.SKBLens)
+			} else {
+				t.Logf("GRO probe frame lengths: %v", res.SKBLens)
+			}
+			ta.waitIdle(t)
+			waitFDs(t, before, "after the target exited")
+		})
+	}
+}
+
+func TestWhatTheAgentDoesNotManageIsLeftToTheKernel(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	other := nstest.New(t, "seccomp")
+	owner, group := uint32(1000), uint32(1001)
+	me, myGroup := uint32(1234), uint32(1001)
+	taps := []tapSpec{
+		{name: "napisc0", multiQueue: true},
+		{name: "napisc1", multiQueue: true}, // not in the registry
+		{name: "napisc2", multiQueue: true, owner: &owner, group: &group},
+		{name: "napisc3", multiQueue: true, owner: &me, group: &myGroup},
+		{name: "napisc4", multiQueue: true, group: &myGroup},
+	}
+	ta := startAgent(t, slog.LevelInfo)
+	for _, s := range taps {
+		newTap(t, pod, s)
+		if s.name != "napisc1" {
+			ta.manage(t, pod, s.name, Target{NAPI: true, MultiQueue: true, Owner: s.owner, Group: s.group})
+		}
+	}
+	newTap(t, other, tapSpec{name: "napisc0", multiQueue: true}) // same name, not managed there
+	// Recorded, but gone: napitapd's TUNSETIFF would create it.
+	ta.manage(t, pod, "napisc8", Target{NAPI: true, MultiQueue: true})
+
+	tests := []struct {
+		name    string
+		netns   *nstest.NetNS
+		tap     string
+		flags   uint16
+		uid     *int
+		groups  []int
+		gid     *int
+		wantErr unix.Errno
+		// managed: a success through the agent carries NAPI.
+		managed bool
+		wantLog string
+	}{
+		{name: "an unmanaged tap in the pod netns", netns: pod, tap: "napisc1", flags: qemuFlags},
+		{name: "a managed tap's name in another netns", netns: other, tap: "napisc0", flags: qemuFlags},
+		{name: "a TUN open of a managed tap is EINVAL", netns: pod, tap: "napisc0", flags: unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_MULTI_QUEUE, wantErr: unix.EINVAL},
+		{name: "IFF_TUN_EXCL on a managed tap is EBUSY", netns: pod, tap: "napisc0", flags: qemuFlags | unix.IFF_TUN_EXCL, wantErr: unix.EBUSY},
+		{name: "a single-queue open of a multiqueue managed tap is EINVAL and logged", netns: pod, tap: "napisc0", flags: qemuFlags &^ unix.IFF_MULTI_QUEUE, wantErr: unix.EINVAL,
+			wantLog: "multiqueue mode mismatch"},
+		{name: "a name that does not exist, asked by a non-root caller, is EPERM", netns: pod, tap: "napisc9", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), wantErr: unix.EPERM},
+		{name: "a managed name whose tap is gone is the kernel's: EPERM for a non-root caller", netns: pod, tap: "napisc8", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), wantErr: unix.EPERM,
+			wantLog: "managed tap is not in its netns"},
+		{name: "a caller that is neither the owner nor in the group is EPERM", netns: pod, tap: "napisc2", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), wantErr: unix.EPERM, managed: true,
+			wantLog: "caller may not attach"},
+		{name: "the owner outside the group is EPERM: the kernel wants both", netns: pod, tap: "napisc3", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), wantErr: unix.EPERM, managed: true},
+		{name: "the owner with the group among its supplementary groups attaches", netns: pod, tap: "napisc3", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), groups: []int{1001}, managed: true},
+		{name: "a caller whose egid is the tap's only group attaches", netns: pod, tap: "napisc4", flags: qemuFlags, uid: ptr(4321), gid: ptr(1001), managed: true},
+		{name: "root attaches whatever owner and group say: CAP_NET_ADMIN", netns: pod, tap: "napisc2", flags: qemuFlags, managed: true},
+		{name: "any caller attaches a tap with neither owner nor group", netns: pod, tap: "napisc0", flags: qemuFlags, uid: ptr(1234), gid: ptr(1234), managed: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := targetSpec{Netns: tc.netns.Path(), Tap: tc.tap, Queues: 2, Flags: tc.flags, UID: tc.uid, GID: tc.gid, Groups: tc.groups, Again: true}
+			native := runTargetProc(t, spec, "")
+			logBefore := len(ta.log.String())
+			agent := runTargetProc(t, spec, ta.socket)
+			for i := range spec.Queues {
+				if got := unix.Errno(native.Errnos[i]); got != tc.wantErr {
+					t.Errorf("queue %d natively: %v, want %v", i, got, tc.wantErr)
+				}
+				if got, want := unix.Errno(agent.Errnos[i]), unix.Errno(native.Errnos[i]); got != want {
+					t.Errorf("queue %d under the agent: %v, natively %v", i, got, want)
+				}
+				const napi = unix.IFF_NAPI | unix.IFF_NAPI_FRAGS
+				if a, n := agent.Flags[i]&^napi, native.Flags[i]&^napi; a != n {
+					t.Errorf("queue %d: flags 0x%x under the agent, 0x%x natively (NAPI bits aside)", i, a, n)
+				}
+				if native.Flags[i]&unix.IFF_NAPI != 0 {
+					t.Errorf("queue %d natively: flags 0x%x have IFF_NAPI", i, native.Flags[i])
+				}
+				wantNAPI := tc.managed && tc.wantErr == 0
+				if got := agent.Flags[i]&unix.IFF_NAPI != 0; got != wantNAPI {
+					t.Errorf("queue %d under the agent: flags 0x%x, IFF_NAPI %v, want %v", i, agent.Flags[i], got, wantNAPI)
+				}
+			}
+			if agent.Again != native.Again {
+				t.Errorf("TUNSETIFF again: %v under the agent, %v natively", unix.Errno(agent.Again), unix.Errno(native.Again))
+			}
+			if tc.wantLog != "" {
+				logs := ta.log.String()[logBefore:]
+				if !strings.Contains(logs, tc.wantLog) || !strings.Contains(logs, "tap="+tc.tap) {
+					t.Errorf("agent log lacks %q naming tap %s:\n%s", tc.wantLog, tc.tap, logs)
+				}
+				if tc.wantLog == "multiqueue mode mismatch" && (!strings.Contains(logs, "asked_mode=single-queue") || !strings.Contains(logs, "tap_mode=multi-queue")) {
+					t.Errorf("mismatch log names neither mode asked nor the tap's:\n%s", logs)
+				}
+			}
+		})
+	}
+}
+
+// TestASignalStormNeverYieldsEEXIST: a signal that restarted the caller's
+// TUNSETIFF after the agent had attached its fd would make the restarted
+// call find it attached: EEXIST (DESIGN.md fact 12). WAIT_KILLABLE_RECV
+// prevents that; the control without it shows the storm does bite.
+func TestASignalStormNeverYieldsEEXIST(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	const tap = "napisc0"
+	newTap(t, pod, tapSpec{name: tap, multiQueue: true})
+	ta := startAgent(t, slog.LevelWarn)
+	ta.manage(t, pod, tap, Target{NAPI: true, MultiQueue: true})
+	// Hold each answer a while after the attach: the window a signal hits.
+	ta.agent.beforeReply = func(_ int, attached bool) {
+		if attached {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	tests := []struct {
+		name       string
+		flags      uintptr
+		wantEEXIST bool
+	}{
+		{"with WAIT_KILLABLE_RECV every queue attaches with NAPI", filterFlags, false},
+		{"without WAIT_KILLABLE_RECV the storm gives EEXIST", unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			spec := targetSpec{Netns: pod.Path(), Tap: tap, Queues: 8, Flags: qemuFlags}
+			cmd := targetCmd(ctx, t, spec, ta.socket, tc.flags)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			var sent int
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// SIGURG: Go's own preemption signal, handled with
+				// SA_RESTART, and harmless to a process that has none.
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if syscall.Kill(cmd.Process.Pid, syscall.SIGURG) != nil {
+						return
+					}
+					sent++
+					time.Sleep(50 * time.Microsecond)
+				}
+			}()
+			var res targetResult
+			decErr := json.NewDecoder(stdout).Decode(&res)
+			err = cmd.Wait()
+			close(stop)
+			wg.Wait()
+			if decErr != nil || err != nil {
+				t.Fatalf("target: %v, output: %v; stderr: %s", err, decErr, stderr.String())
+			}
+			t.Logf("%d signals sent; errnos %v", sent, res.Errnos)
+			eexist := 0
+			for i, e := range res.Errnos {
+				switch {
+				case e == int(unix.EEXIST):
+					eexist++
+				case e != 0:
+					t.Errorf("queue %d: %v", i, unix.Errno(e))
+				case !tc.wantEEXIST && res.Flags[i]&unix.IFF_NAPI == 0:
+					t.Errorf("queue %d: flags 0x%x lack IFF_NAPI", i, res.Flags[i])
+				}
+			}
+			if tc.wantEEXIST && eexist == 0 {
+				t.Errorf("no EEXIST without WAIT_KILLABLE_RECV: the storm did not hit the window, the test proves nothing")
+			}
+			if !tc.wantEEXIST && eexist > 0 {
+				t.Errorf("%d queues got EEXIST", eexist)
+			}
+		})
+	}
+}
+
+// agentProc is a napitapd in a process of its own, to be killed.
+type agentProc struct {
+	cmd *exec.Cmd
+	out *bufio.Reader
+}
+
+func startAgentProc(t *testing.T, socket string, stall bool, reg []registryEntry) *agentProc {
+	t.Helper()
+	b, err := json.Marshal(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{socketEnv + "=" + socket, registryEnv + "=" + string(b)}
+	if stall {
+		env = append(env, stallEnv+"=1")
+	}
+	cmd := helperCmd(context.Background(), "agent", env...)
+	cmd.Stderr = &logBuf{t: t}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	p := &agentProc{cmd: cmd, out: bufio.NewReader(stdout)}
+	if line, err := readLine(p.out, 10*time.Second); line != "ready" {
+		t.Fatalf("agent process: %q, %v", line, err)
+	}
+	return p
+}
+
+func TestAnAgentKilledMidNotificationGivesENOSYSAndARestartedOneServes(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	const tap = "napisc0"
+	newTap(t, pod, tapSpec{name: tap, multiQueue: true})
+	socket := t.TempDir() + "/seccomp.sock"
+	reg := []registryEntry{{Netns: pod.Path(), Tap: tap, Target: Target{Key: "test/" + tap, NAPI: true, MultiQueue: true}}}
+	spec := targetSpec{Netns: pod.Path(), Tap: tap, Queues: 1, Flags: qemuFlags}
+
+	agent := startAgentProc(t, socket, true, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := targetCmd(ctx, t, spec, socket, filterFlags)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := readLine(agent.out, 10*time.Second); line != "stalled" {
+		t.Fatalf("agent never held a notification: %q, %v", line, err)
+	}
+	killed := time.Now()
+	if err := agent.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	var res targetResult
+	decErr := json.NewDecoder(stdout).Decode(&res)
+	err = cmd.Wait()
+	if decErr != nil || err != nil {
+		t.Fatalf("target: %v, output: %v; stderr: %s", err, decErr, stderr.String())
+	}
+	t.Logf("the caller returned %v after the agent was killed", time.Since(killed).Round(time.Millisecond))
+	if got := unix.Errno(res.Errnos[0]); got != unix.ENOSYS {
+		t.Errorf("pending TUNSETIFF after the agent died: %v, want ENOSYS", got)
+	}
+
+	startAgentProc(t, socket, false, reg)
+	res = runTargetProc(t, spec, socket)
+	if res.Errnos[0] != 0 || res.Flags[0]&unix.IFF_NAPI == 0 {
+		t.Errorf("launch served by the restarted agent: %v, flags 0x%x, want NAPI", unix.Errno(res.Errnos[0]), res.Flags[0])
+	}
+}
+
+func TestEightProcessesOfAHundredTUNSETIFFsAllGetNAPI(t *testing.T) {
+	nstest.RequireRoot(t)
+	const procs, cycles = 8, 100
+	pod := nstest.New(t, "seccomp")
+	ta := startAgent(t, slog.LevelWarn)
+	for i := range procs {
+		// A tap each: a cycle's queue is then the tap's only one, so its
+		// TUNGETIFF flags are that queue's (DESIGN.md fact 2).
+		name := fmt.Sprintf("napisc%d", i)
+		newTap(t, pod, tapSpec{name: name, multiQueue: true})
+		ta.manage(t, pod, name, Target{NAPI: true, MultiQueue: true})
+	}
+	before := openFDs(t)
+	results := make([]targetResult, procs)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			spec := targetSpec{Netns: pod.Path(), Tap: fmt.Sprintf("napisc%d", i), Cycles: cycles, Queues: 1, Flags: qemuFlags, Probe: i%4 == 0}
+			results[i] = runTargetProc(t, spec, ta.socket)
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d processes x %d TUNSETIFFs in %v", procs, cycles+1, time.Since(start).Round(time.Millisecond))
+	for i, r := range results {
+		if r.CycleNAPI != cycles || len(r.CycleErrs) > 0 {
+			t.Errorf("process %d: %d of %d cycles got NAPI; errors %v", i, r.CycleNAPI, cycles, r.CycleErrs)
+		}
+		if r.Errnos[0] != 0 || r.Flags[0]&unix.IFF_NAPI == 0 {
+			t.Errorf("process %d: last queue %v, flags 0x%x", i, unix.Errno(r.Errnos[0]), r.Flags[0])
+		}
+		if i%4 == 0 && !r.Merged {
+			t.Errorf("process %d: GRO probe did not merge: %v", i, r.SKBLens)
+		}
+	}
+	ta.waitIdle(t)
+	waitFDs(t, before, "after every target exited")
+}
