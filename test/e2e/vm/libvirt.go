@@ -3,6 +3,7 @@ package vm
 import (
 	"encoding/xml"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -20,6 +21,10 @@ type Domain struct {
 	// count, so that the guest's virtio_net enables every pair.
 	Queues     int
 	SerialPath string
+	// ScriptPath is a file that holds Guest.Script, for the fw_cfg entry
+	// (libvirt 9.0 hands an inline entry value to QEMU with its XML escapes
+	// left in: "&&" arrived as "&amp;&amp;"). WriteScript writes it.
+	ScriptPath string
 	// NoGuestTSO: as QEMUArgs' noGuestTSO, through <host tso4='off' .../>.
 	NoGuestTSO bool
 }
@@ -30,6 +35,9 @@ type Domain struct {
 func (d Domain) XML() (string, error) {
 	if d.Name == "" || d.Kernel == "" || d.Initrd == "" || d.Tap == "" || d.SerialPath == "" {
 		return "", fmt.Errorf("vm: domain needs a name, kernel, initrd, tap and serial path: %+v", d)
+	}
+	if d.Guest.Script != "" && d.ScriptPath == "" {
+		return "", fmt.Errorf("vm: domain %s: a guest script needs a ScriptPath", d.Name)
 	}
 	queues := max(d.Queues, 1)
 	dom := domainXML{
@@ -68,14 +76,24 @@ func (d Domain) XML() (string, error) {
 		dom.Devices.Interface.MAC = &macXML{Address: strings.ToLower(d.Guest.MAC)}
 	}
 	if d.Guest.Script != "" {
-		// QEMU's -fw_cfg name=...,string=...: libvirt escapes the value.
-		dom.Sysinfo = &sysinfoXML{Type: "fwcfg", Entry: []entryXML{{Name: fwCfgScript, Value: d.Guest.Script}}}
+		dom.Sysinfo = &sysinfoXML{Type: "fwcfg", Entry: []entryXML{{Name: fwCfgScript, File: d.ScriptPath}}}
 	}
 	b, err := xml.MarshalIndent(dom, "", "  ")
 	if err != nil {
 		return "", fmt.Errorf("vm: domain %s: %w", d.Name, err)
 	}
 	return string(b) + "\n", nil
+}
+
+// WriteScript writes Guest.Script to ScriptPath (nothing without a script).
+func (d Domain) WriteScript() error {
+	if d.Guest.Script == "" {
+		return nil
+	}
+	if d.ScriptPath == "" {
+		return fmt.Errorf("vm: domain %s: a guest script needs a ScriptPath", d.Name)
+	}
+	return os.WriteFile(d.ScriptPath, []byte(d.Guest.Script), 0o644)
 }
 
 // The subset of libvirt's domain schema the guest needs.
@@ -118,8 +136,8 @@ type sysinfoXML struct {
 }
 
 type entryXML struct {
-	Name  string `xml:"name,attr"`
-	Value string `xml:",chardata"`
+	Name string `xml:"name,attr"`
+	File string `xml:"file,attr"`
 }
 
 // featuresXML turns ACPI on, as plain QEMU has it (libvirt adds -no-acpi

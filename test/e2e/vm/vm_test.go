@@ -62,7 +62,7 @@ func TestQEMUArgs(t *testing.T) {
 
 func TestDomainXML(t *testing.T) {
 	g := Guest{IP: "10.9.0.2/24", Gateway: "10.9.0.1", MAC: "52:54:00:AB:CD:EF", Script: "echo a,b && test 1 -lt 2"}
-	full := Domain{Name: "napitap-d", Kernel: "/k", Initrd: "/i", Guest: g, Tap: "tap0", Queues: 2, SerialPath: "/tmp/s.log", NoGuestTSO: true}
+	full := Domain{Name: "napitap-d", Kernel: "/k", Initrd: "/i", Guest: g, Tap: "tap0", Queues: 2, SerialPath: "/tmp/s.log", ScriptPath: "/tmp/script.sh", NoGuestTSO: true}
 	cases := []struct {
 		name    string
 		d       Domain
@@ -77,7 +77,7 @@ func TestDomainXML(t *testing.T) {
 				`<cmdline>console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init napitap.ip=10.9.0.2/24 napitap.gw=10.9.0.1 napitap.mac=52:54:00:ab:cd:ef</cmdline>`,
 				`<interface type="ethernet">`, `<mac address="52:54:00:ab:cd:ef">`, `<target dev="tap0" managed="no">`,
 				`<model type="virtio">`, `<driver name="qemu" queues="2">`, `<host tso4="off" tso6="off" ecn="off" ufo="off">`,
-				`<sysinfo type="fwcfg">`, `<entry name="opt/napitap/script">echo a,b &amp;&amp; test 1 -lt 2</entry>`,
+				`<sysinfo type="fwcfg">`, `<entry name="opt/napitap/script" file="/tmp/script.sh">`,
 				`<serial type="file">`, `<source path="/tmp/s.log">`,
 			},
 			nil,
@@ -124,8 +124,13 @@ func TestDomainXML(t *testing.T) {
 			}
 		})
 	}
-	if _, err := (Domain{Name: "napitap-d"}).XML(); err == nil {
-		t.Error("a domain without kernel, tap or serial path gave XML")
+	for _, bad := range []Domain{
+		{Name: "napitap-d"},
+		{Name: "napitap-d", Kernel: "/k", Initrd: "/i", Guest: g, Tap: "tap0", SerialPath: "/tmp/s.log"},
+	} {
+		if _, err := bad.XML(); err == nil {
+			t.Errorf("%+v gave XML: a domain needs a kernel, tap and serial path, and a script a file", bad)
+		}
 	}
 }
 
