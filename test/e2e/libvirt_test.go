@@ -178,6 +178,7 @@ func startLibvirtd(t *testing.T, podNetns string, launcher []string) *libvirtd {
 		t.Fatal(err)
 	}
 	defer out.Close()
+	t0 := time.Now()
 	lv.cmd = exec.Command(argv[0], argv[1:]...)
 	lv.cmd.Stdout, lv.cmd.Stderr = out, out
 	lv.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -199,6 +200,9 @@ func startLibvirtd(t *testing.T, podNetns string, launcher []string) *libvirtd {
 	if err != nil {
 		t.Fatalf("libvirtd (pid %d) does not answer on %s: %v\n%s", lv.cmd.Process.Pid, lv.uri, err, lv.logs())
 	}
+	// Mostly libvirt probing QEMU's capabilities, each time: its cache
+	// is the test's.
+	t.Logf("libvirtd (pid %d) answered after %v", lv.cmd.Process.Pid, time.Since(t0).Round(time.Millisecond))
 	return lv
 }
 
