@@ -34,6 +34,10 @@ func main() {
 }
 
 func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep time.Duration, seccompSocket string) error {
+	// Before any socket exists: a SIGTERM during startup still gets the
+	// orderly stop that removes them.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	mode, err := strconv.ParseUint(modeText, 8, 32)
 	if err != nil {
 		return fmt.Errorf("--socket-mode %q: %w", modeText, err)
@@ -67,8 +71,6 @@ func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep ti
 			}
 		}
 	}()
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-stop
 		l.Close()

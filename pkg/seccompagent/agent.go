@@ -49,9 +49,9 @@ type Agent struct {
 	closed    bool
 	wg        sync.WaitGroup
 
-	// beforeReply, for tests, runs after the decision and before the
-	// answer, attached telling whether the caller's fd was attached: where
-	// a signal or napitapd's death hurts most.
+	// beforeReply, for tests (set under mu), runs after the decision and
+	// before the answer, attached telling whether the caller's fd was
+	// attached: where a signal or napitapd's death hurts most.
 	beforeReply func(tid int, attached bool)
 }
 
@@ -121,6 +121,12 @@ func (a *Agent) Close() {
 	a.netns.close()
 }
 
+func (a *Agent) isClosed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.closed
+}
+
 func (a *Agent) serve(f *os.File, origin string) {
 	defer a.wg.Done()
 	defer func() {
@@ -135,7 +141,12 @@ func (a *Agent) serve(f *os.File, origin string) {
 		log.Error("seccomp listener", "err", err)
 		return
 	}
+	a.mu.Lock()
+	hook := a.beforeReply
+	a.mu.Unlock()
 	var n seccompNotif
+	sock := &netnsSocket{fd: -1}
+	defer sock.close()
 	for {
 		var got, hup bool
 		var recvErr error
@@ -144,7 +155,10 @@ func (a *Agent) serve(f *os.File, origin string) {
 			return got || hup || recvErr != nil
 		})
 		switch {
-		case err != nil: // closed by Close
+		case err != nil:
+			if !a.isClosed() {
+				log.Error("waiting on the seccomp listener", "err", err)
+			}
 			return
 		case recvErr != nil:
 			log.Error("SECCOMP_IOCTL_NOTIF_RECV", "err", recvErr)
@@ -153,7 +167,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			log.Debug("every process under the filter has exited")
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, hook, log) })
 	}
 }
 
@@ -182,13 +196,13 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, log *slog.Logger) {
-	v := a.decide(listener, n)
+func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, hook func(int, bool), log *slog.Logger) {
+	v := a.decide(listener, n, sock)
 	if v.gone {
 		return
 	}
-	if a.beforeReply != nil {
-		a.beforeReply(int(n.Pid), !v.cont && v.errno == 0)
+	if hook != nil {
+		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)

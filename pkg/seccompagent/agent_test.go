@@ -169,11 +169,13 @@ func TestASignalStormNeverYieldsEEXIST(t *testing.T) {
 	ta := startAgent(t, slog.LevelWarn)
 	ta.manage(t, pod, tap, Target{NAPI: true, MultiQueue: true})
 	// Hold each answer a while after the attach: the window a signal hits.
+	ta.agent.mu.Lock()
 	ta.agent.beforeReply = func(_ int, attached bool) {
 		if attached {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	ta.agent.mu.Unlock()
 
 	tests := []struct {
 		name       string

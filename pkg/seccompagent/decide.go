@@ -38,7 +38,7 @@ type ifreq struct {
 // decide handles one TUNSETIFF notification. Anything not a managed tap,
 // or that it cannot read, is the kernel's to answer (CONTINUE), so the
 // caller sees what it would without napitapd.
-func (a *Agent) decide(listener int, n *seccompNotif) verdict {
+func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -83,7 +83,7 @@ func (a *Agent) decide(listener int, n *seccompNotif) verdict {
 		return continueVerdict
 	}
 	log := a.log.With("tap", ifr.name, "attachment", t.Key, "pid", tid, "netns", netnsID)
-	if exists, err := a.netns.linkExists(nsfd, ifr.name); err != nil || !exists {
+	if exists, err := a.netns.linkExists(nsfd, netnsID, ifr.name, sock); err != nil || !exists {
 		// napitapd's TUNSETIFF would create it; the caller may not.
 		log.Warn("managed tap is not in its netns; left to the kernel", "err", err)
 		return continueVerdict

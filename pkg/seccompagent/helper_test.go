@@ -69,6 +69,15 @@ func TestMain(m *testing.M) {
 		os.Exit(runTarget())
 	case "agent":
 		os.Exit(runAgent())
+	case "launch-sleep":
+		err := Launch(os.Getenv(socketEnv), []string{"sleep", "30"}, os.Environ())
+		fmt.Fprintln(os.Stderr, "launch:", err)
+		os.Exit(3)
+	case "launch-true":
+		// napitapctl launch -- true: the filter, the hand-over, the exec.
+		err := Launch(os.Getenv(socketEnv), []string{"true"}, os.Environ())
+		fmt.Fprintln(os.Stderr, "launch:", err)
+		os.Exit(3)
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", os.Getenv(helperEnv))
 	os.Exit(2)
@@ -277,10 +286,12 @@ func runAgent() int {
 		return fail("%v", err)
 	}
 	if os.Getenv(stallEnv) != "" {
+		agent.mu.Lock()
 		agent.beforeReply = func(int, bool) {
 			fmt.Println("stalled")
 			select {}
 		}
+		agent.mu.Unlock()
 	}
 	l, err := Listen(os.Getenv(socketEnv), 0o600, -1)
 	if err != nil {
@@ -378,6 +389,12 @@ type testAgent struct {
 
 func startAgent(t testing.TB, level slog.Level) *testAgent {
 	t.Helper()
+	return startAgentConns(t, level, 0)
+}
+
+// startAgentConns is startAgent with a bound on connections at once.
+func startAgentConns(t testing.TB, level slog.Level, maxConns int) *testAgent {
+	t.Helper()
 	w := &logBuf{t: t}
 	logger := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 	reg := &MapRegistry{}
@@ -392,7 +409,7 @@ func startAgent(t testing.TB, level slog.Level) *testAgent {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- NewServer(agent, logger, 0).Serve(l) }()
+	go func() { done <- NewServer(agent, logger, maxConns).Serve(l) }()
 	var once sync.Once
 	ta := &testAgent{agent: agent, reg: reg, socket: socket, log: w}
 	ta.stop = func() {

@@ -59,15 +59,34 @@ func newNetnsSwitcher() (*netnsSwitcher, error) {
 
 func (s *netnsSwitcher) close() { unix.Close(s.home) }
 
-// linkExists reports whether a link named name exists in the netns nsfd.
-// TUNSETIFF by napitapd on a name that is gone would create a tap with
-// napitapd's rights, which the caller could not have done itself.
-func (s *netnsSwitcher) linkExists(nsfd int, name string) (bool, error) {
-	sock, err := s.socketIn(nsfd)
-	if err != nil {
-		return false, err
+// netnsSocket is a socket in one netns, kept by a listener's goroutine
+// for the next queue of the same runtime: making one costs two setns.
+// It pins that netns, at most until the listener's processes are gone.
+type netnsSocket struct {
+	netnsID uint64
+	fd      int // -1: none
+}
+
+func (c *netnsSocket) close() {
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
 	}
-	defer unix.Close(sock)
+}
+
+// linkExists reports whether a link named name exists in the netns nsfd
+// (netnsID). TUNSETIFF by napitapd on a name that is gone would create a
+// tap with napitapd's rights, which the caller could not have done.
+func (s *netnsSwitcher) linkExists(nsfd int, netnsID uint64, name string, cache *netnsSocket) (bool, error) {
+	if cache.fd < 0 || cache.netnsID != netnsID {
+		cache.close()
+		sock, err := s.socketIn(nsfd)
+		if err != nil {
+			return false, err
+		}
+		cache.netnsID, cache.fd = netnsID, sock
+	}
+	sock := cache.fd
 	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		return false, err

@@ -1,0 +1,234 @@
+package seccompagent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// runcMessage is what runc 1.1 sends a listenerPath for a CRI container.
+const runcMessage = `{"ociVersion":"1.0.2-dev","fds":["seccompFd"],"pid":4242,"metadata":"napitap",` +
+	`"state":{"ociVersion":"1.0.2-dev","id":"c0ffee","status":"creating","pid":4242,` +
+	`"bundle":"/run/containerd/io.containerd.runtime.v2.task/k8s.io/c0ffee",` +
+	`"annotations":{"io.kubernetes.cri.container-name":"compute","io.kubernetes.cri.sandbox-name":"virt-launcher-vm1","io.kubernetes.cri.sandbox-namespace":"default"}}}`
+
+func TestParseMessage(t *testing.T) {
+	tests := []struct {
+		name    string
+		msg     string
+		fds     []int
+		wantErr string
+	}{
+		{name: "runc's message with its one fd is taken", msg: runcMessage, fds: []int{7}},
+		{name: "a message that is not JSON is refused", msg: `{"ociVersion":`, fds: []int{7}, wantErr: "not a ContainerProcessState"},
+		{name: "a JSON array is refused", msg: `[1,2]`, fds: []int{7}, wantErr: "not a ContainerProcessState"},
+		{name: "a message without ociVersion is refused", msg: `{"fds":["seccompFd"],"pid":1}`, fds: []int{7}, wantErr: "no ociVersion"},
+		{name: "a message naming a fd that did not come is refused", msg: runcMessage, wantErr: "names 1 fds, 0 came"},
+		{name: "a message with an extra fd is refused", msg: runcMessage, fds: []int{7, 8}, wantErr: "names 1 fds, 2 came"},
+		{name: "two fds named as two are still refused", msg: `{"ociVersion":"1","fds":["seccompFd","other"],"pid":1}`, fds: []int{7, 8}, wantErr: "want one fd"},
+		{name: "a fd of another name is refused", msg: `{"ociVersion":"1","fds":["other"],"pid":1}`, fds: []int{7}, wantErr: "want one fd"},
+		{name: "a message without a pid is refused", msg: `{"ociVersion":"1","fds":["seccompFd"]}`, fds: []int{7}, wantErr: "pid 0"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, fd, err := parseMessage([]byte(tc.msg), tc.fds)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fd != tc.fds[0] {
+				t.Errorf("fd %d, want %d", fd, tc.fds[0])
+			}
+			want := `pod default/virt-launcher-vm1 container "compute" pid 4242`
+			if got := origin(st, "peer"); got != want {
+				t.Errorf("origin %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// send writes msg with fds (files opened on /dev/null) on a new
+// connection, hangs up its writing side if asked, and returns the ack.
+func send(t *testing.T, socket string, msg []byte, nfds int, hangUp bool) string {
+	t.Helper()
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var oob []byte
+	if nfds > 0 {
+		fds := make([]int, nfds)
+		for i := range fds {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	// The agent may hang up before reading all of an oversized message.
+	go func() {
+		_, _, _ = conn.WriteMsgUnix(msg, oob, nil)
+		if hangUp {
+			_ = conn.CloseWrite()
+		}
+	}()
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	return strings.TrimSuffix(line, "\n")
+}
+
+func TestTheSocketRefusesWhatItCannotUseAndKeepsNoFd(t *testing.T) {
+	ta := startAgent(t, slog.LevelInfo)
+	before := openFDs(t)
+	tests := []struct {
+		name    string
+		msg     string
+		fds     int
+		hangUp  bool
+		wantAck string
+	}{
+		{name: "garbage with a fd", msg: "GET / HTTP/1.0\r\n\r\n", fds: 1, hangUp: true, wantAck: "error: incomplete message"},
+		{name: "a message without its fd", msg: runcMessage, wantAck: "error: message names 1 fds, 0 came"},
+		{name: "a message with an extra fd", msg: runcMessage, fds: 2, wantAck: "error: message names 1 fds, 2 came"},
+		{name: "a message with more fds than a read takes", msg: runcMessage, fds: maxFDs + 1, wantAck: "error: more than"},
+		{name: "a fd that is no seccomp listener", msg: runcMessage, fds: 1, wantAck: "not a seccomp listener"},
+		{name: "an oversized message", msg: `{"ociVersion":"` + strings.Repeat("x", MaxMessage) + `"}`, fds: 1, wantAck: "error: message larger than"},
+		{name: "a message cut short", msg: runcMessage[:100], fds: 1, hangUp: true, wantAck: "error: incomplete message"},
+		{name: "a connection that says nothing", hangUp: true, wantAck: "error: no message"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ack := send(t, ta.socket, []byte(tc.msg), tc.fds, tc.hangUp)
+			if !strings.HasPrefix(ack, "error: ") || !strings.Contains(ack, strings.TrimPrefix(tc.wantAck, "error: ")) {
+				t.Errorf("ack %q, want %q", ack, tc.wantAck)
+			}
+		})
+	}
+	waitFDs(t, before, "after the refused messages")
+	if n := strings.Count(ta.log.String(), "seccomp socket: refused"); n != len(tests) {
+		t.Errorf("%d refusals logged, want %d", n, len(tests))
+	}
+	if n := ta.agent.Listeners(); n != 0 {
+		t.Errorf("agent serves %d listeners", n)
+	}
+	// Still serving: a real listener is taken.
+	launchTrue(t, ta.socket)
+}
+
+// launchTrue runs `launch -- true` through the agent at socket.
+func launchTrue(t *testing.T, socket string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := helperCmd(ctx, "launch-true", socketEnv+"="+socket).CombinedOutput()
+	if err != nil {
+		t.Errorf("launch -- true: %v: %s", err, out)
+	}
+}
+
+func TestAFloodOfConnectionsIsBoundedAndLogged(t *testing.T) {
+	const maxConns = 4
+	ta := startAgentConns(t, slog.LevelInfo, maxConns)
+	before := openFDs(t)
+	var idle []*net.UnixConn
+	for range maxConns {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: ta.socket, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	// The server may not have accepted the idle ones yet; give it a moment.
+	time.Sleep(100 * time.Millisecond)
+	const flood = 50
+	start := time.Now()
+	for i := range flood {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: ta.socket, Net: "unix"})
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var b [64]byte
+		if n, err := c.Read(b[:]); n != 0 || err == nil {
+			t.Errorf("connection %d over the bound: read %q, %v; want it closed", i, b[:n], err)
+		}
+		c.Close()
+	}
+	t.Logf("%d connections over the bound closed in %v", flood, time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(ta.log.String(), "too many connections at once") {
+		t.Errorf("no log line for the flood")
+	}
+	if n := strings.Count(ta.log.String(), "too many connections"); n > 2 {
+		t.Errorf("%d log lines for one flood, want at most one a second", n)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	waitFDs(t, before, "after the flood")
+	launchTrue(t, ta.socket)
+}
+
+func TestSendListenerSpeaksRuncsMessage(t *testing.T) {
+	// What launch sends must be what a runc-facing parser takes.
+	st := &specs.ContainerProcessState{Version: specs.Version, Fds: []string{specs.SeccompFdName}, Pid: 1, State: specs.State{ID: "launch-1"}}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := parseMessage(b, []int{9}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > MaxMessage {
+		t.Fatalf("%d bytes", len(b))
+	}
+}
+
+func TestClosingTheAgentLetsGoOfLiveListeners(t *testing.T) {
+	ta := startAgent(t, slog.LevelInfo)
+	before := openFDs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// launch -- sleep: a process that lives under the filter.
+	cmd := helperCmd(ctx, "launch-sleep", socketEnv+"="+ta.socket)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for ta.agent.Listeners() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the launched process's listener never arrived")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	ta.stop()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	if n := ta.agent.Listeners(); n != 0 {
+		t.Errorf("%d listeners after Close", n)
+	}
+	if logs := ta.log.String(); strings.Contains(logs, "level=ERROR") {
+		t.Errorf("Close logged errors:\n%s", logs)
+	}
+	waitFDs(t, before, "after Close")
+}
