@@ -23,7 +23,7 @@ E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 all: build
 
 # Debian packages the demo and tests call (iproute2, QEMU, busybox-static,
-# containerd, runc);
+# containerd, runc, libvirt's daemon and QEMU driver, virsh, xmllint);
 # installed only if missing.
 deps:
 	./hack/deps.sh

@@ -3,7 +3,11 @@
 # iproute2 (ip, tc), util-linux (nsenter, unshare), QEMU (TCG is enough, no
 # KVM needed), a static busybox for the guest initramfs, and the tools to
 # unpack a Debian kernel package; containerd (with ctr) and runc for the CRI
-# e2e (test/e2e/cri). Idempotent; runs `apt-get update` only when
+# e2e (test/e2e/cri); libvirt's daemon with its QEMU driver, virsh, and
+# xmllint (which virt-xml-validate runs) for the libvirt e2e
+# (test/e2e/libvirt_test.go; no libvirt-daemon-system: the test runs its
+# own libvirtd with its own config and dirs, and no service is set up on
+# the node). Idempotent; runs `apt-get update` only when
 # something is missing (or apt has no package lists, which `apt-get
 # download` of the guest kernel needs).
 set -euo pipefail
@@ -18,6 +22,11 @@ command -v nsenter >/dev/null || missing+=(util-linux)
 command -v make >/dev/null || missing+=(make)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
+command -v libvirtd >/dev/null || missing+=(libvirt-daemon)
+dpkg-query -W -f='${Status}' libvirt-daemon-driver-qemu 2>/dev/null | grep -q 'ok installed' || missing+=(libvirt-daemon-driver-qemu)
+command -v virsh >/dev/null || missing+=(libvirt-clients)
+command -v xmllint >/dev/null || missing+=(libxml2-utils)
+command -v unshare >/dev/null || missing+=(util-linux)
 lists_ok=0
 compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null && lists_ok=1
 if [ ${#missing[@]} -gt 0 ] || [ "$lists_ok" = 0 ]; then

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/cnitest"
+	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/vm"
@@ -37,141 +38,238 @@ func TestMain(m *testing.M) {
 	}, cnitest.ReferencePlugins...)...)
 }
 
-// startNapitapd runs the napitapd binary on a socket of the test's own and
+// startNapitapd runs the napitapd binary on sockets of the test's own and
 // stops it by PID when the test ends.
-func startNapitapd(t *testing.T) string {
-	socket, _ := crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir())
-	return socket
+func startNapitapd(t *testing.T) *crihelp.Napitapd {
+	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir())
 }
 
 // TestGuestTrafficTakesTheNAPIPath boots a real guest on the tap of a pod
 // chained after bridge. With the queues napitap opened and napitapd handed
 // over, GRO merges the guest's MTU-sized TCP segments in the pod netns:
-// those queues carry NAPI. The control, QEMU opening the tap by name, gets
-// plain queues, and nothing is ever merged (DESIGN.md facts 1, 6, 10).
+// those queues carry NAPI. So does an unmodified QEMU that opens the tap by
+// name under `napitapctl launch`, whose TUNSETIFF napitapd's seccomp agent
+// performs with IFF_NAPI. The control, the same QEMU opening the tap by name
+// without the launcher, gets plain queues, and nothing is ever merged
+// (DESIGN.md facts 1, 6, 10, 12).
 func TestGuestTrafficTakesTheNAPIPath(t *testing.T) {
+	const control = "QEMU by name"
 	cases := []struct {
 		name       string
-		handoff    bool
+		label      string // in the throughput summary
+		handoff    string // the plugin's handoff mode
+		boot       guestBoot
 		wantMerged bool
+		// wantAttaches: queues napitapd's seccomp agent attaches with NAPI.
+		wantAttaches int
 	}{
-		{"a guest on fds fetched from napitapd sends through NAPI", true, true},
-		{"a guest whose QEMU opens the tap by ifname gets no NAPI", false, false},
+		{"a guest on fds fetched from napitapd sends through NAPI", "NAPI fds", config.HandoffFDs, bootQEMUOnFetchedFds, true, 0},
+		{"a guest whose QEMU opens the tap by ifname under napitapctl launch sends through NAPI", "QEMU by name, launched", config.HandoffIntercept, bootQEMUByNameLaunched, true, 2},
+		{"a guest whose QEMU opens the tap by ifname gets no NAPI", control, config.HandoffOff, bootQEMUByName, false, 0},
 	}
 	// Guest-to-peer throughput per case: TCG, so only the ratio means much.
-	throughput := map[bool]float64{}
+	throughput := map[string]float64{}
 	t.Cleanup(func() {
-		if throughput[true] > 0 && throughput[false] > 0 {
-			t.Logf("guest -> peer, 8 MiB, guest TSO off: NAPI fds %.0f Mbit/s, tap opened by name %.0f Mbit/s: %.2fx",
-				throughput[true], throughput[false], throughput[true]/throughput[false])
+		base := throughput[control]
+		for _, tc := range cases[:len(cases)-1] {
+			if got := throughput[tc.label]; got > 0 && base > 0 {
+				t.Logf("guest -> peer, 8 MiB, guest TSO off: %s %.0f Mbit/s, %s %.0f Mbit/s: %.2fx",
+					tc.label, got, control, base, got/base)
+			}
 		}
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := cnitest.NewEnv(t, binDir)
-			kernel, initrd, err := vm.Artifacts(cacheDir(t))
-			if err != nil {
-				t.Fatal(err)
+			r := runGuestTraffic(t, tc.handoff, tc.boot)
+			throughput[tc.label] = r.out
+			if r.merged() != tc.wantMerged {
+				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", r.merged(), r.maxLen, tc.wantMerged)
 			}
-			handoffConf := `{"disabled":true}`
-			socket := ""
-			if tc.handoff {
-				socket = startNapitapd(t)
-				handoffConf = fmt.Sprintf(`{"socket":%q,"required":true}`, socket)
+			if r.agentAttaches != tc.wantAttaches {
+				t.Errorf("napitapd's seccomp agent attached %d queues with NAPI, want %d", r.agentAttaches, tc.wantAttaches)
 			}
-			list := e.List("1.1.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":`+handoffConf+`}`)
-			rt := e.RT("eth0")
-			res := e.MustAdd(list, rt)
-			deleted := false
-			t.Cleanup(func() {
-				if !deleted {
-					_ = e.Del(list, rt)
-				}
-			})
-			guestIf, guestIP := cnitest.GuestOf(t, res, e.ContainerID)
-			gateway := guestIP.Gateway.String()
+		})
+	}
+}
 
-			const bulk = 8 << 20
-			sink := listenInHost(t, e, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, bulk) })
-			source := listenInHost(t, e, gateway+":5002", func(c net.Conn) (int64, error) {
-				return io.CopyN(c, zeroReader{}, bulk)
-			})
-			capture := startCapture(t, e.Pod.Path(), "tap0")
+// bootQEMUOnFetchedFds: napitapctl exec fetches the queues napitap opened
+// and runs QEMU with them (fds=).
+func bootQEMUOnFetchedFds(t *testing.T, b bootSpec) guestVM {
+	netdev := "tap,id=n0,fds={fds},vhost=off"
+	argv := append([]string{filepath.Join(binDir, "napitapctl"), "--socket", b.Daemon.Socket, "exec",
+		"--container", b.Env.ContainerID, "--ifname", "eth0", "--"},
+		vm.QEMUArgs(b.Kernel, b.Initrd, netdev, 2, b.Guest, b.Serial, true)...)
+	return startVM(t, argv, b.Serial)
+}
 
-			script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
+// byNameNetdev: QEMU opens tap0 itself, one TUNSETIFF per queue.
+const byNameNetdev = "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2"
+
+// bootQEMUByName: QEMU in the pod netns opens the tap by name.
+func bootQEMUByName(t *testing.T, b bootSpec) guestVM {
+	argv := append([]string{"nsenter", "--net=" + b.Env.Pod.Path(), "--"},
+		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev, 2, b.Guest, b.Serial, true)...)
+	return startVM(t, argv, b.Serial)
+}
+
+// bootQEMUByNameLaunched is bootQEMUByName under napitapctl launch: the
+// same QEMU, its TUNSETIFFs served by napitapd's seccomp agent.
+func bootQEMUByNameLaunched(t *testing.T, b bootSpec) guestVM {
+	argv := append([]string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--",
+		"nsenter", "--net=" + b.Env.Pod.Path(), "--"},
+		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev, 2, b.Guest, b.Serial, true)...)
+	return startVM(t, argv, b.Serial)
+}
+
+func startVM(t *testing.T, argv []string, serial string) guestVM {
+	t.Helper()
+	v, err := vm.Start(argv, nil, serial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Stop() })
+	return v
+}
+
+// guestVM is a booted guest, whoever started it.
+type guestVM interface {
+	WaitFor(ctx context.Context, marker string) error
+	Serial() string
+	Stop() error
+}
+
+// bootSpec is what a guestBoot gets: the pod, napitapd (nil for handoff
+// mode off), and the guest to boot on the pod's tap0.
+type bootSpec struct {
+	Env            *cnitest.Env
+	Daemon         *crihelp.Napitapd
+	Kernel, Initrd string
+	Guest          vm.Guest
+	Serial         string // the guest's console log
+}
+
+// guestBoot starts b's guest and returns it running; it stops it when the
+// test ends.
+type guestBoot func(t *testing.T, b bootSpec) guestVM
+
+// trafficResult is what one guest moved and what the tap saw of it.
+type trafficResult struct {
+	out, in        float64 // Mbit/s, guest -> peer and peer -> guest
+	frames, maxLen int64   // tap0's ingress after GRO
+	// agentAttaches counts the queues napitapd's seccomp agent attached
+	// with NAPI for the runtime, as its log says.
+	agentAttaches int
+}
+
+// merged: a frame longer than the MTU left the tap, so GRO merged the
+// guest's segments: NAPI (DESIGN.md fact 10).
+func (r trafficResult) merged() bool { return r.maxLen > 1514 }
+
+// bulk is what the guest sends and receives over TCP.
+const bulk = 8 << 20
+
+// runGuestTraffic adds bridge + napitap (2 queues, gro_flush_timeout
+// 200 us, the given handoff mode, napitapd started unless the mode is
+// off) to a fresh pod, boots the guest with boot, has it ping and move
+// bulk bytes each way to a peer in the host netns while tap0's ingress is
+// captured, then stops it, runs DEL and checks that nothing is left.
+func runGuestTraffic(t *testing.T, handoffMode string, boot guestBoot) trafficResult {
+	t.Helper()
+	e := cnitest.NewEnv(t, binDir)
+	kernel, initrd, err := vm.Artifacts(cacheDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handoffConf := `{"mode":"off"}`
+	var d *crihelp.Napitapd
+	if handoffMode != config.HandoffOff {
+		d = startNapitapd(t)
+		handoffConf = fmt.Sprintf(`{"mode":%q,"socket":%q,"required":true}`, handoffMode, d.Socket)
+	}
+	list := e.List("1.1.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":`+handoffConf+`}`)
+	rt := e.RT("eth0")
+	res := e.MustAdd(list, rt)
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			_ = e.Del(list, rt)
+		}
+	})
+	guestIf, guestIP := cnitest.GuestOf(t, res, e.ContainerID)
+	gateway := guestIP.Gateway.String()
+
+	sink := listenInHost(t, e, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, bulk) })
+	source := listenInHost(t, e, gateway+":5002", func(c net.Conn) (int64, error) {
+		return io.CopyN(c, zeroReader{}, bulk)
+	})
+	capture := startCapture(t, e.Pod.Path(), "tap0")
+
+	script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
 echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 echo PEER-PING-WINDOW
 sleep 4
 `, gateway, bulk/65536)
-			guest := vm.Guest{IP: guestIP.Address.String(), Gateway: gateway, MAC: guestIf.Mac, Script: script}
-			serial := filepath.Join(t.TempDir(), "serial.log")
-			var argv []string
-			if tc.handoff {
-				netdev := "tap,id=n0,fds={fds},vhost=off"
-				argv = append([]string{filepath.Join(binDir, "napitapctl"), "--socket", socket, "exec",
-					"--container", e.ContainerID, "--ifname", "eth0", "--"},
-					vm.QEMUArgs(kernel, initrd, netdev, 2, guest, serial, true)...)
-			} else {
-				netdev := "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2"
-				argv = append([]string{"nsenter", "--net=" + e.Pod.Path(), "--"},
-					vm.QEMUArgs(kernel, initrd, netdev, 2, guest, serial, true)...)
-			}
-			v, err := vm.Start(argv, nil, serial)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = v.Stop() })
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			if err := v.WaitFor(ctx, "PEER-PING-WINDOW"); err != nil {
-				t.Fatal(err)
-			}
-			if err := pingFromHost(e, guestIP.Address.IP, 3); err != nil {
-				t.Errorf("peer -> guest ping: %v", err)
-			}
-			if err := v.WaitFor(ctx, "NAPITAP-GUEST-DONE"); err != nil {
-				t.Fatal(err)
-			}
-			out := v.Serial()
-			for _, want := range []string{"PING-OK", "SENT-OK", fmt.Sprintf("RECEIVED %d", bulk), "NAPITAP-GUEST-DONE rc=0"} {
-				if !strings.Contains(out, want) {
-					t.Errorf("guest output lacks %q:\n%s", want, tail(out, 2000))
-				}
-			}
-			throughput[tc.handoff] = sink.mbits()
-			t.Logf("guest -> peer %.0f Mbit/s, peer -> guest %.0f Mbit/s", sink.mbits(), source.mbits())
-			if n := sink.bytes(); n != bulk {
-				t.Errorf("peer received %d bytes from the guest, want %d", n, bulk)
-			}
-			if n := source.bytes(); n != bulk {
-				t.Errorf("peer sent %d bytes to the guest, want %d", n, bulk)
-			}
-			frames, maxLen := capture.stop()
-			merged := maxLen > 1514
-			t.Logf("tap0 ingress: %d frames, longest %d bytes", frames, maxLen)
-			if merged != tc.wantMerged {
-				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", merged, maxLen, tc.wantMerged)
-			}
-			if err := v.Stop(); err != nil {
-				t.Logf("stop: %v", err)
-			}
-
-			if err := e.Del(list, rt); err != nil {
-				t.Fatalf("DEL: %v", err)
-			}
-			deleted = true
-			if links := e.PodLinks(); len(links) != 1 {
-				t.Errorf("pod netns after DEL: %v, want only lo", links)
-			}
-			if tc.handoff {
-				atts, err := (&handoff.Client{Socket: socket}).List()
-				if err != nil || len(atts) != 0 {
-					t.Errorf("napitapd after DEL: %+v, %v; want nothing", atts, err)
-				}
-			}
-		})
+	guest := vm.Guest{IP: guestIP.Address.String(), Gateway: gateway, MAC: guestIf.Mac, Script: script}
+	serial := filepath.Join(t.TempDir(), "serial.log")
+	v := boot(t, bootSpec{Env: e, Daemon: d, Kernel: kernel, Initrd: initrd, Guest: guest, Serial: serial})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := v.WaitFor(ctx, "PEER-PING-WINDOW"); err != nil {
+		t.Fatal(err)
 	}
+	if err := pingFromHost(e, guestIP.Address.IP, 3); err != nil {
+		t.Errorf("peer -> guest ping: %v", err)
+	}
+	if err := v.WaitFor(ctx, "NAPITAP-GUEST-DONE"); err != nil {
+		t.Fatal(err)
+	}
+	out := v.Serial()
+	for _, want := range []string{"PING-OK", "SENT-OK", fmt.Sprintf("RECEIVED %d", bulk), "NAPITAP-GUEST-DONE rc=0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("guest output lacks %q:\n%s", want, tail(out, 2000))
+		}
+	}
+	r := trafficResult{out: sink.mbits(), in: source.mbits()}
+	t.Logf("guest -> peer %.0f Mbit/s, peer -> guest %.0f Mbit/s", r.out, r.in)
+	if n := sink.bytes(); n != bulk {
+		t.Errorf("peer received %d bytes from the guest, want %d", n, bulk)
+	}
+	if n := source.bytes(); n != bulk {
+		t.Errorf("peer sent %d bytes to the guest, want %d", n, bulk)
+	}
+	r.frames, r.maxLen = capture.stop()
+	t.Logf("tap0 ingress: %d frames, longest %d bytes", r.frames, r.maxLen)
+	if err := v.Stop(); err != nil {
+		t.Logf("stop: %v", err)
+	}
+
+	if err := e.Del(list, rt); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	deleted = true
+	if links := e.PodLinks(); len(links) != 1 {
+		t.Errorf("pod netns after DEL: %v, want only lo", links)
+	}
+	if d != nil {
+		r.agentAttaches = agentAttaches(t, d)
+		atts, err := (&handoff.Client{Socket: d.Socket}).List()
+		if err != nil || len(atts) != 0 {
+			t.Errorf("napitapd after DEL: %+v, %v; want nothing", atts, err)
+		}
+	}
+	return r
+}
+
+// agentAttaches counts the "attached the caller's queue with NAPI" lines
+// in napitapd's log.
+func agentAttaches(t *testing.T, d *crihelp.Napitapd) int {
+	t.Helper()
+	b, err := os.ReadFile(d.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "attached the caller's queue with NAPI")
 }
 
 // pingFromHost sends ICMP echo requests from the host netns to dst and

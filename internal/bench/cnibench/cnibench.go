@@ -470,7 +470,8 @@ func (b *bench) startDaemon() (*daemon, error) {
 	}
 	defer logf.Close()
 	// A sweep lists every attachment's netns and tap; keep it out of the timings.
-	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h")
+	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
+		"--seccomp-socket", filepath.Join(dir, "seccomp.sock"))
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Its own process group: a ^C for the bench must not take napitapd
 	// down before the bench has released what it holds; stop() ends it.

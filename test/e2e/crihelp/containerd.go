@@ -294,7 +294,8 @@ func Start(t testing.TB, cfg Config) *Node {
 			t.Fatal(err)
 		}
 	}
-	n.Socket, n.StateDir = StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	n.Socket, n.StateDir = d.Socket, d.StateDir
 	n.WriteConflist(cfg.Queues)
 
 	cfgFile := filepath.Join(root, "containerd.toml")
@@ -735,23 +736,40 @@ func ContainerdVersion() string {
 	return strings.TrimSpace(string(out))
 }
 
-// StartNapitapd runs the napitapd binary bin on a socket in dir and stops
-// it by PID when the test ends; it returns the socket and state dir.
-func StartNapitapd(t testing.TB, bin, dir string) (string, string) {
+// Napitapd is a napitapd started by StartNapitapd.
+type Napitapd struct {
+	Socket        string // the hand-off socket
+	StateDir      string
+	SeccompSocket string // where napitapctl launch and runc send seccomp listeners
+	LogPath       string
+	Pid           int
+}
+
+// StartNapitapd runs the napitapd binary bin with its sockets, state and log
+// in dir (never napitapd's node-wide defaults under /run/napitap, which a
+// real napitapd or another test may own) and stops it by PID when the test
+// ends.
+func StartNapitapd(t testing.TB, bin, dir string) *Napitapd {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	socket, state := filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "state")
-	log, err := os.Create(filepath.Join(dir, "napitapd.log"))
+	d := &Napitapd{
+		Socket:        filepath.Join(dir, "napitapd.sock"),
+		StateDir:      filepath.Join(dir, "state"),
+		SeccompSocket: filepath.Join(dir, "seccomp.sock"),
+		LogPath:       filepath.Join(dir, "napitapd.log"),
+	}
+	log, err := os.Create(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--socket", socket, "--state-dir", state)
+	cmd := exec.Command(bin, "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	d.Pid = cmd.Process.Pid
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
@@ -761,10 +779,18 @@ func StartNapitapd(t testing.TB, bin, dir string) (string, string) {
 			t.Logf("napitapd log:\n%s", Tail(string(b), 4000))
 		}
 	})
-	if err := Poll(5*time.Second, func() error { _, err := os.Stat(socket); return err }); err != nil {
-		t.Fatalf("napitapd did not create %s", socket)
+	err = Poll(5*time.Second, func() error {
+		for _, s := range []string{d.Socket, d.SeccompSocket} {
+			if _, err := os.Stat(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("napitapd did not create its sockets: %v", err)
 	}
-	return socket, state
+	return d
 }
 
 // Tail is the last n bytes of s.

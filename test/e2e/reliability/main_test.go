@@ -97,7 +97,8 @@ func (d *daemon) Start() {
 		d.t.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(filepath.Join(binDir, "napitapd"), "--socket", d.Socket, "--state-dir", d.StateDir, "--sweep-interval", "1h")
+	cmd := exec.Command(filepath.Join(binDir, "napitapd"), "--socket", d.Socket, "--state-dir", d.StateDir, "--sweep-interval", "1h",
+		"--seccomp-socket", filepath.Join(d.dir, "seccomp.sock"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		d.t.Fatal(err)

@@ -43,18 +43,9 @@ func QEMUArgs(kernel, initrd, netdev string, queues int, g Guest, serialPath str
 	if queues < 1 {
 		queues = 1
 	}
-	cmdline := []string{"console=ttyS0", "quiet", "loglevel=4", "panic=-1", "rdinit=/init"}
-	if g.IP != "" {
-		cmdline = append(cmdline, "napitap.ip="+g.IP)
-	}
-	if g.Gateway != "" {
-		cmdline = append(cmdline, "napitap.gw="+g.Gateway)
-	}
 	dev := "virtio-net-pci,netdev=n0,romfile="
 	if g.MAC != "" {
-		mac := strings.ToLower(g.MAC)
-		dev += ",mac=" + mac
-		cmdline = append(cmdline, "napitap.mac="+mac)
+		dev += ",mac=" + strings.ToLower(g.MAC)
 	}
 	if queues > 1 {
 		dev += ",mq=on,vectors=" + strconv.Itoa(2*queues+2)
@@ -73,7 +64,7 @@ func QEMUArgs(kernel, initrd, netdev string, queues int, g Guest, serialPath str
 		"-serial", "file:" + serialPath,
 		"-kernel", kernel,
 		"-initrd", initrd,
-		"-append", strings.Join(cmdline, " "),
+		"-append", KernelCmdline(g),
 		"-netdev", netdev,
 		"-device", dev,
 	}
@@ -82,6 +73,22 @@ func QEMUArgs(kernel, initrd, netdev string, queues int, g Guest, serialPath str
 		args = append(args, "-fw_cfg", "name="+fwCfgScript+",string="+strings.ReplaceAll(g.Script, ",", ",,"))
 	}
 	return args
+}
+
+// KernelCmdline is the guest kernel's command line: the console on ttyS0
+// and what /init reads to configure the NIC.
+func KernelCmdline(g Guest) string {
+	cmdline := []string{"console=ttyS0", "quiet", "loglevel=4", "panic=-1", "rdinit=/init"}
+	if g.IP != "" {
+		cmdline = append(cmdline, "napitap.ip="+g.IP)
+	}
+	if g.Gateway != "" {
+		cmdline = append(cmdline, "napitap.gw="+g.Gateway)
+	}
+	if g.MAC != "" {
+		cmdline = append(cmdline, "napitap.mac="+strings.ToLower(g.MAC))
+	}
+	return strings.Join(cmdline, " ")
 }
 
 // VM is a started QEMU (or a launcher that execs it).
