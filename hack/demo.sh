@@ -24,7 +24,7 @@ ip netns add "$host"
 ip netns add "$pod"
 socket=$work/napitapd.sock
 sed "s#/run/napitap/napitapd.sock#$socket#" examples/bridge-napitap.conflist >"$work/bridge-napitap.conflist"
-./bin/napitapd --socket "$socket" --state-dir "$work/state" 2>"$work/napitapd.log" &
+./bin/napitapd --socket "$socket" --seccomp-socket "$work/seccomp.sock" --state-dir "$work/state" 2>"$work/napitapd.log" &
 napitapd_pid=$!
 for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
 

@@ -76,6 +76,7 @@ func startNapitapd(t *testing.T, args ...string) *napitapd {
 	cmd := exec.Command(filepath.Join(bin, "napitapd"), append([]string{
 		"--socket", d.socket, "--socket-mode", "0660", "--socket-group", strconv.Itoa(floodSocketGroup),
 		"--state-dir", filepath.Join(t.TempDir(), "state"), "--sweep-interval", "1h",
+		"--seccomp-socket", filepath.Join(filepath.Dir(d.socket), "seccomp.sock"),
 	}, args...)...)
 	cmd.Env = append(os.Environ(), "GOMEMLIMIT=48MiB")
 	cmd.Stderr = d.stderr

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -95,29 +94,7 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 // Listen makes the socket: stale ones removed, mode and group applied
 // before anyone can connect.
 func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	if err := safefile.TrustedDir(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("socket dir: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-	}
-	old := syscall.Umask(0o177)
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if gid >= 0 {
-		if err := os.Chown(path, 0, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
-	}
-	return l, nil
+	return safefile.Listen("unixpacket", path, mode, gid)
 }
 
 // Serve answers connections until l is closed, and returns only then (or

@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/safefile"
 )
 
 const (
@@ -56,29 +56,7 @@ func NewServer(agent *Agent, logger *slog.Logger, maxConns int) *Server {
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
 // and group applied before anyone can connect.
 func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-	}
-	old := syscall.Umask(0o177)
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if gid >= 0 {
-		if err := os.Chown(path, 0, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
-	}
-	return l, nil
+	return safefile.Listen("unix", path, mode, gid)
 }
 
 // Serve accepts senders until l is closed.
