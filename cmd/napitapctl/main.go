@@ -1,7 +1,9 @@
 // napitapctl fetches a tap's NAPI queue fds from napitapd and runs a VMM
-// with them, or lists what napitapd holds.
+// with them, runs a runtime whose by-name tap opens napitapd turns into
+// NAPI queues, or lists what napitapd holds.
 //
 //	napitapctl exec --container ID --ifname net1 -- qemu-system-x86_64 ... -netdev tap,id=n0,fds={fds},vhost=off
+//	napitapctl launch -- qemu-system-x86_64 ... -netdev tap,id=n0,ifname=tap1,queues=4
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
 func usage() {
@@ -27,6 +30,11 @@ func usage() {
       "{fds}" becomes "3:4:...", "{fds,}" "3,4,...", "{queues}" the queue
       count and "{mac}" the MAC the guest must use. Signals are passed on;
       napitapctl exits with CMD's status.
+  napitapctl launch [--seccomp-socket PATH] -- CMD [ARGS...]
+      Exec CMD under a seccomp filter whose TUNSETIFF calls napitapd serves:
+      opening a napitap tap by name gives NAPI queues. CMD and everything
+      it starts stay under the filter; without napitapd their TUNSETIFF
+      fails with ENOSYS.
   napitapctl [--socket PATH] list
   napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
   napitapctl seccomp-profile [--listener PATH] --install DIR
@@ -49,6 +57,8 @@ func main() {
 	switch flag.Arg(0) {
 	case "exec":
 		err = execCmd(client, flag.Args()[1:])
+	case "launch":
+		err = launch(flag.Args()[1:])
 	case "list":
 		err = list(client)
 	case "seccomp-profile":
@@ -118,6 +128,16 @@ func execCmd(client *handoff.Client, args []string) error {
 		os.Exit(exitErr.ExitCode())
 	}
 	return err
+}
+
+func launch(args []string) error {
+	fs := flag.NewFlagSet("launch", flag.ExitOnError)
+	socket := fs.String("seccomp-socket", seccompagent.DefaultSocket, "napitapd's seccomp socket")
+	fs.Parse(args)
+	if fs.NArg() == 0 {
+		usage()
+	}
+	return seccompagent.Launch(*socket, fs.Args(), os.Environ())
 }
 
 func closeAll(files []*os.File) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
 func main() {
@@ -22,16 +23,17 @@ func main() {
 	group := flag.String("socket-group", "", "group (name or gid) that owns the socket; runtimes that are not root need it")
 	stateDir := flag.String("state-dir", handoff.DefaultStateDir, "where each attachment's state file lives")
 	sweep := flag.Duration("sweep-interval", time.Minute, "how often to drop attachments whose netns or tap is gone")
+	seccompSocket := flag.String("seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(logger, *socket, *mode, *group, *stateDir, *sweep); err != nil {
+	if err := run(logger, *socket, *mode, *group, *stateDir, *sweep, *seccompSocket); err != nil {
 		logger.Error("napitapd", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep time.Duration) error {
+func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep time.Duration, seccompSocket string) error {
 	mode, err := strconv.ParseUint(modeText, 8, 32)
 	if err != nil {
 		return fmt.Errorf("--socket-mode %q: %w", modeText, err)
@@ -48,7 +50,15 @@ func run(logger *slog.Logger, socket, modeText, group, stateDir string, sweep ti
 	if err != nil {
 		return err
 	}
-	logger.Info("serving", "socket", socket, "state", stateDir)
+	if seccompSocket != "" {
+		stopAgent, err := seccompagent.Start(seccompSocket, os.FileMode(mode), gid, agentRegistry(srv), logger)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		defer stopAgent()
+	}
+	logger.Info("serving", "socket", socket, "state", stateDir, "seccomp-socket", seccompSocket)
 
 	go func() {
 		for range time.Tick(sweep) {

@@ -1,0 +1,195 @@
+// Package seccompagent makes napitapd a seccomp user-notification agent:
+// a runtime that opens napitap's tap by name (libvirt, QEMU ifname=, Kata,
+// Cloud Hypervisor, Firecracker) runs under a filter that sends its
+// TUNSETIFF here, and the agent performs that TUNSETIFF on the caller's
+// own open file with IFF_NAPI added (DESIGN.md facts 11-13).
+//
+// Agent serves listener fds; Server takes them from runc, crun or
+// `napitapctl launch` over a unix socket; Filter, InstallFilter and Launch
+// are the caller's side.
+package seccompagent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMaxListeners bounds the listeners one agent serves: one per
+// container or launched runtime on the node.
+const DefaultMaxListeners = 1024
+
+// ErrFull is returned by Add when the agent serves MaxListeners already.
+var ErrFull = errors.New("seccomp agent: too many listeners")
+
+// Options tune an Agent; the zero value is fine.
+type Options struct {
+	MaxListeners int // DefaultMaxListeners when 0
+	// AttachLevel is the log level of "attached with NAPI", one line per
+	// queue; Info when zero.
+	AttachLevel slog.Level
+}
+
+// Agent answers TUNSETIFF notifications for any number of listeners, one
+// goroutine each, parked in Go's poller between notifications.
+type Agent struct {
+	reg          Registry
+	log          *slog.Logger
+	netns        *netnsSwitcher
+	maxListeners int
+	attachLevel  slog.Level
+
+	mu        sync.Mutex
+	listeners map[*os.File]string
+	closed    bool
+	wg        sync.WaitGroup
+
+	// beforeReply, for tests, runs after the decision and before the
+	// answer: where a signal or napitapd's death hurts most.
+	beforeReply func(tid int)
+}
+
+// New makes an agent that gives NAPI to the taps reg names.
+func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
+	sw, err := newNetnsSwitcher()
+	if err != nil {
+		return nil, err
+	}
+	if opts.MaxListeners <= 0 {
+		opts.MaxListeners = DefaultMaxListeners
+	}
+	return &Agent{
+		reg: reg, log: logger, netns: sw, maxListeners: opts.MaxListeners, attachLevel: opts.AttachLevel,
+		listeners: map[*os.File]string{},
+	}, nil
+}
+
+// Add serves the seccomp listener fd until every process under its filter
+// has exited. The agent owns fd from then on, error or not. origin names
+// the sender in logs.
+func (a *Agent) Add(fd int, origin string) error {
+	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil || target != "anon_inode:seccomp notify" {
+		unix.Close(fd)
+		return fmt.Errorf("listener from %s: fd is %q, not a seccomp listener", origin, target)
+	}
+	// Non-blocking, so that os.NewFile hands it to Go's poller: a parked
+	// listener costs a goroutine, not a thread.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("listener from %s: %w", origin, err)
+	}
+	f := os.NewFile(uintptr(fd), "seccomp-listener")
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		f.Close()
+		return fmt.Errorf("listener from %s: agent closed", origin)
+	}
+	if len(a.listeners) >= a.maxListeners {
+		f.Close()
+		return fmt.Errorf("listener from %s: %w (%d)", origin, ErrFull, a.maxListeners)
+	}
+	a.listeners[f] = origin
+	a.wg.Add(1)
+	go a.serve(f, origin)
+	return nil
+}
+
+// Listeners counts the listeners being served.
+func (a *Agent) Listeners() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.listeners)
+}
+
+// Close stops serving and closes every listener. The processes under them
+// get ENOSYS from then on for TUNSETIFF, as when napitapd dies.
+func (a *Agent) Close() {
+	a.mu.Lock()
+	a.closed = true
+	for f := range a.listeners {
+		f.Close() // wakes its goroutine out of the poller
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
+	a.netns.close()
+}
+
+func (a *Agent) serve(f *os.File, origin string) {
+	defer a.wg.Done()
+	defer func() {
+		a.mu.Lock()
+		delete(a.listeners, f)
+		a.mu.Unlock()
+		f.Close()
+	}()
+	log := a.log.With("listener", origin)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		log.Error("seccomp listener", "err", err)
+		return
+	}
+	var n seccompNotif
+	for {
+		var got, hup bool
+		var recvErr error
+		err := rc.Read(func(fd uintptr) bool {
+			got, hup, recvErr = recvReady(int(fd), &n)
+			return got || hup || recvErr != nil
+		})
+		switch {
+		case err != nil: // closed by Close
+			return
+		case recvErr != nil:
+			log.Error("SECCOMP_IOCTL_NOTIF_RECV", "err", recvErr)
+			return
+		case hup:
+			log.Debug("every process under the filter has exited")
+			return
+		}
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, log) })
+	}
+}
+
+// recvReady takes a pending notification if there is one, without
+// blocking: the kernel's RECV ignores O_NONBLOCK, so poll first.
+func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
+	for {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, 0); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return false, false, err
+		}
+		switch {
+		case pfd[0].Revents&unix.POLLIN != 0:
+			err := notifRecv(fd, n)
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
+				continue // the caller was killed meanwhile
+			}
+			return err == nil, false, err
+		case pfd[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
+			return false, true, nil
+		}
+		return false, false, nil
+	}
+}
+
+func (a *Agent) answer(listener int, n *seccompNotif, log *slog.Logger) {
+	v := a.decide(listener, n)
+	if v.gone {
+		return
+	}
+	if a.beforeReply != nil {
+		a.beforeReply(int(n.Pid))
+	}
+	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
+		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
+	}
+}

@@ -1,0 +1,210 @@
+package seccompagent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// verdict is the answer to one notification.
+type verdict struct {
+	cont  bool       // let the kernel run the caller's own TUNSETIFF
+	errno unix.Errno // else this, 0 for success
+	gone  bool       // the caller is gone: nothing to answer
+}
+
+var (
+	continueVerdict = verdict{cont: true}
+	goneVerdict     = verdict{gone: true}
+)
+
+const (
+	pidfdThread = unix.O_EXCL // PIDFD_THREAD (Linux 6.9+): a pidfd for one thread
+	tunTypeMask = 0x000f
+	tunMinor    = 200
+	miscMajor   = 10
+)
+
+// ifreq is what the agent reads of the caller's struct ifreq.
+type ifreq struct {
+	name  string
+	flags uint16
+}
+
+// decide handles one TUNSETIFF notification. Anything not a managed tap,
+// or that it cannot read, is the kernel's to answer (CONTINUE), so the
+// caller sees what it would without napitapd.
+func (a *Agent) decide(listener int, n *seccompNotif) verdict {
+	arch, _ := auditArch()
+	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
+		return continueVerdict
+	}
+	tid := int(n.Pid)
+	ifr, err := readIfreq(tid, n.Data.Args[2])
+	if err != nil || !interesting(ifr) {
+		return continueVerdict
+	}
+
+	pidfd, err := openPidfd(tid)
+	if err != nil {
+		return continueVerdict
+	}
+	defer unix.Close(pidfd)
+	// From here on the memory read and the pidfd are known to be the
+	// caller's, not those of a process that took over its pid.
+	if !notifIDValid(listener, n.ID) {
+		return goneVerdict
+	}
+	fd, err := unix.PidfdGetfd(pidfd, int(int32(n.Data.Args[0])), 0)
+	if err != nil {
+		return continueVerdict
+	}
+	defer unix.Close(fd)
+	if !unattachedTun(fd) {
+		// Not /dev/net/tun, or attached already (Cloud Hypervisor repeats
+		// TUNSETIFF on fds it was given): the kernel's EEXIST or ENOTTY.
+		return continueVerdict
+	}
+	nsfd, err := fileNetns(fd)
+	if err != nil {
+		return continueVerdict
+	}
+	defer unix.Close(nsfd)
+	netnsID, err := nsID(nsfd)
+	if err != nil {
+		return continueVerdict
+	}
+	t, ok := a.reg.Lookup(netnsID, ifr.name)
+	if !ok || !t.NAPI {
+		return continueVerdict
+	}
+	log := a.log.With("tap", ifr.name, "attachment", t.Key, "pid", tid, "netns", netnsID)
+	if exists, err := a.netns.linkExists(nsfd, ifr.name); err != nil || !exists {
+		// napitapd's TUNSETIFF would create it; the caller may not.
+		log.Warn("managed tap is not in its netns; left to the kernel", "err", err)
+		return continueVerdict
+	}
+	if asked := ifr.flags&unix.IFF_MULTI_QUEUE != 0; asked != t.MultiQueue {
+		// libvirt reports only "Invalid argument": say what differs.
+		log.Warn("multiqueue mode mismatch: EINVAL, as the kernel answers", "asked", queueMode(asked), "tap", queueMode(t.MultiQueue))
+		return verdict{errno: unix.EINVAL}
+	}
+	if t.Owner != nil || t.Group != nil {
+		// The kernel checks napitapd's credentials on the TUNSETIFF
+		// below, so apply tun_not_capable to the caller's here.
+		c, err := readCreds(tid)
+		if err != nil {
+			return continueVerdict
+		}
+		if ownerGroupDenies(&t, c) {
+			admin, err := netAdmin(tid, c, nsfd)
+			if err != nil {
+				return continueVerdict
+			}
+			if !notifIDValid(listener, n.ID) {
+				return goneVerdict
+			}
+			if !admin {
+				log.Warn("caller may not attach: EPERM, as the kernel answers", "euid", c.euid, "egid", c.egid, "groups", c.groups, "owner", fmtID(t.Owner), "group", fmtID(t.Group))
+				return verdict{errno: unix.EPERM}
+			}
+		} else if !notifIDValid(listener, n.ID) {
+			return goneVerdict
+		}
+	}
+
+	flags := ifr.flags | unix.IFF_NAPI
+	if t.NAPIFrags {
+		flags |= unix.IFF_NAPI_FRAGS
+	}
+	req, err := unix.NewIfreq(ifr.name)
+	if err != nil {
+		return continueVerdict
+	}
+	req.SetUint16(flags)
+	// The caller's own open file: its fd number, FD_CLOEXEC and
+	// O_NONBLOCK stay as they were.
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, req); err != nil {
+		var errno unix.Errno
+		if !errors.As(err, &errno) {
+			errno = unix.EIO
+		}
+		log.Warn("TUNSETIFF for the caller failed", "flags", fmt.Sprintf("0x%x", flags), "err", err)
+		return verdict{errno: errno}
+	}
+	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
+	return verdict{}
+}
+
+func queueMode(mq bool) string {
+	if mq {
+		return "multi-queue"
+	}
+	return "single-queue"
+}
+
+func fmtID(id *uint32) any {
+	if id == nil {
+		return "unset"
+	}
+	return *id
+}
+
+// interesting: a tap named outright, as QEMU, libvirt, Kata, Cloud
+// Hypervisor and Firecracker ask. A TUN, a '%d' pattern, IFF_TUN_EXCL or
+// IFF_NAPI_FRAGS (which needs the caller's CAP_NET_ADMIN) are the
+// kernel's to answer.
+func interesting(r ifreq) bool {
+	return r.name != "" && !bytes.ContainsRune([]byte(r.name), '%') &&
+		r.flags&tunTypeMask == unix.IFF_TAP &&
+		r.flags&(unix.IFF_TUN_EXCL|unix.IFF_NAPI_FRAGS) == 0
+}
+
+// readIfreq reads ifr_name and ifr_flags from the caller's memory.
+func readIfreq(tid int, addr uint64) (ifreq, error) {
+	var buf [unix.IFNAMSIZ + 2]byte
+	local := []unix.Iovec{{Base: &buf[0], Len: uint64(len(buf))}}
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(buf)}}
+	n, err := unix.ProcessVMReadv(tid, local, remote, 0)
+	if err != nil {
+		return ifreq{}, err
+	}
+	if n != len(buf) {
+		return ifreq{}, fmt.Errorf("short read of ifreq: %d bytes", n)
+	}
+	// The kernel ends the name at byte 15 whatever follows.
+	name := buf[:unix.IFNAMSIZ-1]
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	return ifreq{name: string(name), flags: *(*uint16)(unsafe.Pointer(&buf[unix.IFNAMSIZ]))}, nil
+}
+
+// openPidfd opens the caller thread; a kernel before 6.9 knows only
+// process pidfds, which do for a thread group leader.
+func openPidfd(tid int) (int, error) {
+	fd, err := unix.PidfdOpen(tid, pidfdThread)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.PidfdOpen(tid, 0)
+	}
+	return fd, err
+}
+
+// unattachedTun: fd is /dev/net/tun (10:200) and not attached to a tap yet
+// (TUNGETIFF answers EBADFD).
+func unattachedTun(fd int) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR ||
+		unix.Major(st.Rdev) != miscMajor || unix.Minor(st.Rdev) != tunMinor {
+		return false
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return false
+	}
+	return errors.Is(unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr), unix.EBADFD)
+}

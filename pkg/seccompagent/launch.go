@@ -1,0 +1,92 @@
+package seccompagent
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// ackTimeout bounds the wait for the agent's answer.
+const ackTimeout = 10 * time.Second
+
+// Launch runs argv (argv[0] looked up in PATH) with env under Filter, its
+// TUNSETIFFs served by the agent at socket: it installs the filter on this
+// thread, hands the listener over, waits for the agent's ack and execs
+// from the same thread. It returns only on failure, and then this thread
+// (locked for good) may already carry the filter: exit.
+func Launch(socket string, argv, env []string) error {
+	return launch(socket, argv, env, filterFlags)
+}
+
+func launch(socket string, argv, env []string, flags uintptr) error {
+	if len(argv) == 0 {
+		return fmt.Errorf("launch: no command")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return fmt.Errorf("launch: %w", err)
+	}
+	// Never unlocked: the filter is on this thread, and exec must come
+	// from it.
+	runtime.LockOSThread()
+	listener, err := installFilter(flags)
+	if err != nil {
+		return fmt.Errorf("launch %s: %w", argv[0], err)
+	}
+	pid := os.Getpid()
+	st := &specs.ContainerProcessState{
+		Version:  specs.Version,
+		Fds:      []string{specs.SeccompFdName},
+		Pid:      pid,
+		Metadata: "napitapctl launch",
+		State: specs.State{
+			Version: specs.Version, ID: "launch-" + strconv.Itoa(pid), Status: specs.StateCreating, Pid: pid,
+			Annotations: map[string]string{"io.napitap.launch.command": path},
+		},
+	}
+	err = SendListener(socket, listener, st)
+	// The agent has its own copy now; this one must not reach argv, which
+	// could otherwise answer its own notifications.
+	unix.Close(listener)
+	if err != nil {
+		return fmt.Errorf("launch %s: %w", argv[0], err)
+	}
+	return fmt.Errorf("launch: exec %s: %w", path, syscall.Exec(path, argv, env))
+}
+
+// SendListener hands a seccomp listener fd to the agent at socket, in the
+// message runc sends, and waits for the agent's ack.
+func SendListener(socket string, listener int, st *specs.ContainerProcessState) error {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("seccomp agent at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(ackTimeout))
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	if _, _, err := conn.WriteMsgUnix(b, unix.UnixRights(listener), nil); err != nil {
+		return fmt.Errorf("seccomp agent at %s: send: %w", socket, err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("seccomp agent at %s: no ack: %w", socket, err)
+	}
+	if line = strings.TrimSuffix(line, "\n"); line != AckOK {
+		return fmt.Errorf("seccomp agent at %s: %s", socket, line)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package seccompagent
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The kernel's struct seccomp_data, seccomp_notif and seccomp_notif_resp
+// (include/uapi/linux/seccomp.h); golang.org/x/sys has the ioctl numbers
+// but not the types. The layout is the same on every 64-bit arch.
+type seccompData struct {
+	Nr                 int32
+	Arch               uint32
+	InstructionPointer uint64
+	Args               [6]uint64
+}
+
+type seccompNotif struct {
+	ID    uint64
+	Pid   uint32 // the calling thread, as napitapd's pid namespace sees it
+	Flags uint32
+	Data  seccompData
+}
+
+type seccompNotifResp struct {
+	ID    uint64
+	Val   int64
+	Error int32 // negative errno, or 0
+	Flags uint32
+}
+
+// The kernel refuses a size it does not expect; the ioctl numbers encode it.
+var (
+	_ [unsafe.Sizeof(seccompNotif{}) - 0x50]byte
+	_ [0x50 - unsafe.Sizeof(seccompNotif{})]byte
+	_ [unsafe.Sizeof(seccompNotifResp{}) - 0x18]byte
+	_ [0x18 - unsafe.Sizeof(seccompNotifResp{})]byte
+)
+
+func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// notifRecv takes the next pending notification. The kernel wants the
+// buffer zeroed.
+func notifRecv(listener int, n *seccompNotif) error {
+	*n = seccompNotif{}
+	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(n))
+}
+
+// notifIDValid reports whether the caller of notification id is still
+// blocked in it: what was read about the caller since RECV (its memory,
+// its /proc entries, its pidfd) was then really the caller's.
+func notifIDValid(listener int, id uint64) bool {
+	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) == nil
+}
+
+// notifSend answers a notification. errno 0 with cont false makes the
+// syscall return 0; cont lets the kernel run it as if nobody had asked.
+func notifSend(listener int, id uint64, errno unix.Errno, cont bool) error {
+	resp := seccompNotifResp{ID: id, Error: -int32(errno)}
+	if cont {
+		resp.Error, resp.Flags = 0, unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE
+	}
+	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+}

@@ -1,0 +1,67 @@
+package seccompagent
+
+import "sync"
+
+// Target is a tap the agent gives NAPI queues to, as napitap configured it.
+type Target struct {
+	// Key names the attachment in logs, e.g. "<containerID>/net1".
+	Key        string
+	NAPI       bool
+	NAPIFrags  bool
+	MultiQueue bool
+	// Owner and Group are the tap's TUNSETOWNER/TUNSETGROUP, nil when
+	// unset: the agent applies the kernel's rule for them to the caller,
+	// since the kernel checks napitapd's credentials, not the caller's.
+	Owner *uint32
+	Group *uint32
+}
+
+// Registry tells the agent which taps are napitap's. netnsID is the
+// network namespace's NS_GET_ID (its cookie), the one of the caller's
+// /dev/net/tun fd, which is where the kernel looks the name up.
+type Registry interface {
+	Lookup(netnsID uint64, tapName string) (Target, bool)
+}
+
+// RegistryFunc adapts a function to Registry.
+type RegistryFunc func(netnsID uint64, tapName string) (Target, bool)
+
+func (f RegistryFunc) Lookup(netnsID uint64, tapName string) (Target, bool) {
+	return f(netnsID, tapName)
+}
+
+// MapRegistry is a Registry kept in memory; the zero value is empty and
+// ready to use.
+type MapRegistry struct {
+	mu sync.RWMutex
+	m  map[mapKey]Target
+}
+
+type mapKey struct {
+	netnsID uint64
+	tapName string
+}
+
+// Set makes tapName in netnsID managed as t.
+func (r *MapRegistry) Set(netnsID uint64, tapName string, t Target) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[mapKey]Target{}
+	}
+	r.m[mapKey{netnsID, tapName}] = t
+}
+
+// Delete forgets tapName in netnsID.
+func (r *MapRegistry) Delete(netnsID uint64, tapName string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, mapKey{netnsID, tapName})
+}
+
+func (r *MapRegistry) Lookup(netnsID uint64, tapName string) (Target, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	t, ok := r.m[mapKey{netnsID, tapName}]
+	return t, ok
+}

@@ -1,0 +1,291 @@
+package seccompagent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// DefaultSocket is where runc, crun (the OCI seccomp listenerPath) and
+	// napitapctl launch send listeners.
+	DefaultSocket = "/run/napitap/seccomp.sock"
+	// MaxMessage bounds one message; runc's is about 730 bytes, more with
+	// many annotations.
+	MaxMessage = 64 << 10
+	// DefaultMaxConns bounds connections being read at once.
+	DefaultMaxConns = 64
+	// maxFDs is how many fds a read takes in; more is an error anyway.
+	maxFDs = 4
+	// connTimeout bounds a sender that connects and says nothing.
+	connTimeout = 5 * time.Second
+	// AckOK is the line a sender reads back when the agent serves its
+	// listener; anything else starts with "error: ".
+	AckOK = "ok"
+)
+
+// Server is the socket front-end: one message per connection, JSON
+// specs.ContainerProcessState with the listener fd as SCM_RIGHTS, as
+// runc >= 1.1 and crun >= 0.19 send to a seccomp listenerPath.
+type Server struct {
+	agent *Agent
+	log   *slog.Logger
+	conns chan struct{} // a token per connection being served
+	drops dropLog
+}
+
+// NewServer hands the listeners it receives to agent. maxConns bounds the
+// connections served at once (DefaultMaxConns when 0); more are closed.
+func NewServer(agent *Agent, logger *slog.Logger, maxConns int) *Server {
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	return &Server{agent: agent, log: logger, conns: make(chan struct{}, maxConns), drops: dropLog{log: logger}}
+}
+
+// Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
+// and group applied before anyone can connect.
+func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, 0, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Serve accepts senders until l is closed.
+func (s *Server) Serve(l *net.UnixListener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	backoff := time.Duration(0)
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// EMFILE and friends: wait rather than spin, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Error("seccomp socket accept", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		select {
+		case s.conns <- struct{}{}:
+		default:
+			conn.Close()
+			s.drops.drop()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-s.conns }()
+			s.serveConn(conn)
+		}()
+	}
+}
+
+func (s *Server) serveConn(conn *net.UnixConn) {
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(connTimeout))
+	peer := "unknown peer"
+	if cred, err := peerCred(conn); err == nil {
+		peer = fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
+	}
+	b, fds, err := readMessage(conn)
+	if err == nil {
+		var st *specs.ContainerProcessState
+		var fd int
+		if st, fd, err = parseMessage(b, fds); err == nil {
+			fds = nil // Add owns it now
+			err = s.agent.Add(fd, origin(st, peer))
+		}
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	ack := AckOK
+	if err != nil {
+		s.log.Warn("seccomp socket: refused", "from", peer, "err", err)
+		ack = "error: " + err.Error()
+	}
+	// runc hangs up without reading; napitapctl launch waits for this.
+	_, _ = conn.Write([]byte(ack + "\n"))
+}
+
+// readMessage reads until the bytes form one JSON value, the peer hangs
+// up, or MaxMessage is exceeded. It returns every fd that came along; the
+// caller closes them.
+func readMessage(conn *net.UnixConn) ([]byte, []int, error) {
+	buf := make([]byte, 0, 4096)
+	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
+	var fds []int
+	chunk := make([]byte, MaxMessage+1)
+	for {
+		n, oobn, flags, _, err := conn.ReadMsgUnix(chunk[:MaxMessage+1-len(buf)], oob)
+		got, perr := parseRights(oob[:oobn])
+		fds = append(fds, got...)
+		buf = append(buf, chunk[:n]...)
+		switch {
+		case perr != nil:
+			return nil, fds, fmt.Errorf("ancillary data: %w", perr)
+		case flags&unix.MSG_CTRUNC != 0:
+			return nil, fds, fmt.Errorf("more than %d fds", maxFDs)
+		case len(buf) > MaxMessage:
+			return nil, fds, fmt.Errorf("message larger than %d bytes", MaxMessage)
+		case n > 0 && json.Valid(buf):
+			return buf, fds, nil
+		case err != nil && len(buf) == 0:
+			return nil, fds, fmt.Errorf("no message: %w", err)
+		case err != nil:
+			return nil, fds, fmt.Errorf("incomplete message of %d bytes: %w", len(buf), err)
+		}
+	}
+}
+
+func parseRights(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	var firstErr error
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		fds = append(fds, got...)
+	}
+	return fds, firstErr
+}
+
+// parseMessage checks a sender's message against the fds that came with
+// it and returns the listener fd: exactly one fd, named seccompFd.
+func parseMessage(b []byte, fds []int) (*specs.ContainerProcessState, int, error) {
+	var st specs.ContainerProcessState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, -1, fmt.Errorf("message is not a ContainerProcessState: %w", err)
+	}
+	switch {
+	case st.Version == "":
+		return nil, -1, errors.New("message has no ociVersion")
+	case len(st.Fds) != len(fds):
+		return nil, -1, fmt.Errorf("message names %d fds, %d came with it", len(st.Fds), len(fds))
+	case len(fds) != 1 || st.Fds[0] != specs.SeccompFdName:
+		return nil, -1, fmt.Errorf("want one fd named %q, got %q", specs.SeccompFdName, st.Fds)
+	case st.Pid <= 0:
+		return nil, -1, fmt.Errorf("message has pid %d", st.Pid)
+	}
+	return &st, fds[0], nil
+}
+
+// origin names a listener in logs: the pod when runc sent it through CRI.
+func origin(st *specs.ContainerProcessState, peer string) string {
+	a := st.State.Annotations
+	if ns, name := a["io.kubernetes.cri.sandbox-namespace"], a["io.kubernetes.cri.sandbox-name"]; name != "" {
+		return fmt.Sprintf("pod %s/%s container %q pid %d", ns, name, a["io.kubernetes.cri.container-name"], st.Pid)
+	}
+	if st.State.ID != "" {
+		return fmt.Sprintf("container %s pid %d", st.State.ID, st.Pid)
+	}
+	return fmt.Sprintf("pid %d (%s)", st.Pid, peer)
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}
+
+// dropLog logs connections refused for the bound at most once a second,
+// so that a flood cannot flood the log too.
+type dropLog struct {
+	log        *slog.Logger
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (d *dropLog) drop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.suppressed++
+	if now := time.Now(); now.Sub(d.last) >= time.Second {
+		d.log.Warn("seccomp socket: too many connections at once, closed", "count", d.suppressed)
+		d.last, d.suppressed = now, 0
+	}
+}
+
+// Start serves the socket at path with an agent for reg until the
+// returned stop is called; stop closes every listener, after which their
+// processes get ENOSYS for TUNSETIFF (there is no taking a filter back).
+func Start(path string, mode os.FileMode, gid int, reg Registry, logger *slog.Logger) (stop func(), err error) {
+	agent, err := New(reg, logger, Options{})
+	if err != nil {
+		return nil, err
+	}
+	l, err := Listen(path, mode, gid)
+	if err != nil {
+		agent.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := NewServer(agent, logger, 0).Serve(l); err != nil {
+			logger.Error("seccomp socket", "path", path, "err", err)
+		}
+	}()
+	return func() {
+		l.Close()
+		<-done
+		agent.Close()
+		os.Remove(path)
+	}, nil
+}
