@@ -122,13 +122,20 @@ func (a *Agent) Close() {
 
 func (a *Agent) serve(f *os.File, origin string) {
 	defer a.wg.Done()
+	log := a.log.With("listener", origin)
+	exited := false
 	defer func() {
 		a.mu.Lock()
 		delete(a.listeners, f)
+		left := len(a.listeners)
 		a.mu.Unlock()
 		f.Close()
+		if exited {
+			// Info: the pair of "serving seccomp listener", so that a
+			// node's log shows every listener let go.
+			log.Info("seccomp listener done: every process under its filter has exited", "listeners", left)
+		}
 	}()
-	log := a.log.With("listener", origin)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		log.Error("seccomp listener", "err", err)
@@ -149,7 +156,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			log.Error("SECCOMP_IOCTL_NOTIF_RECV", "err", recvErr)
 			return
 		case hup:
-			log.Debug("every process under the filter has exited")
+			exited = true
 			return
 		}
 		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, log) })
