@@ -40,8 +40,7 @@ func TestMain(m *testing.M) {
 // startNapitapd runs the napitapd binary on a socket of the test's own and
 // stops it by PID when the test ends.
 func startNapitapd(t *testing.T) string {
-	socket, _ := crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir())
-	return socket
+	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir()).Socket
 }
 
 // TestGuestTrafficTakesTheNAPIPath boots a real guest on the tap of a pod

@@ -57,6 +57,9 @@ type Config struct {
 	// NapitapExtra is more JSON members for napitap's config, such as
 	// `"groFlushTimeout": 200000`.
 	NapitapExtra string
+	// HandoffMode is napitap's handoff.mode ("fds", "intercept"); empty
+	// leaves it to napitap's default.
+	HandoffMode string
 	// Queues is napitap's queue count in the first conflist.
 	Queues int
 }
@@ -77,6 +80,7 @@ type Node struct {
 	Cgroup   string // cgroup parent of the pods, "/<Name>-<suffix>"
 	Socket   string // napitapd's
 	StateDir string // napitapd's
+	Napitapd *Napitapd
 	proc     *exec.Cmd
 	exited   <-chan struct{}
 	log      string
@@ -294,7 +298,9 @@ func Start(t testing.TB, cfg Config) *Node {
 			t.Fatal(err)
 		}
 	}
-	n.Socket, n.StateDir = StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	n.Socket, n.StateDir = d.Socket, d.StateDir
+	n.Napitapd = d
 	n.WriteConflist(cfg.Queues)
 
 	cfgFile := filepath.Join(root, "containerd.toml")
@@ -344,19 +350,26 @@ func Start(t testing.TB, cfg Config) *Node {
 	if err := WritePauseArchive(archive, filepath.Join(cfg.BinDir, "pause"), PauseRef); err != nil {
 		t.Fatal(err)
 	}
+	n.ImportImage(archive, PauseRef)
+	return n
+}
+
+// ImportImage imports a docker-archive tar holding ref into the CRI's
+// namespace and waits until the CRI plugin sees it.
+func (n *Node) ImportImage(archive, ref string) {
+	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.Address, "-n", criNS, "images", "import", archive).CombinedOutput(); err != nil {
-		t.Fatalf("ctr images import: %v: %s", err, out)
+		n.t.Fatalf("ctr images import %s: %v: %s", archive, err, out)
 	}
 	// The CRI plugin learns of the image through containerd's events.
 	if err := Poll(10*time.Second, func() error {
-		_, err := n.CrictlRun("inspecti", PauseRef)
+		_, err := n.CrictlRun("inspecti", ref)
 		return err
 	}); err != nil {
-		t.Fatalf("pause image not visible to CRI: %v", err)
+		n.t.Fatalf("image %s not visible to CRI: %v", ref, err)
 	}
-	return n
 }
 
 // StartPinned starts cmd with SIGTERM as its parent-death signal: should
@@ -415,7 +428,10 @@ func (n *Node) Conflist(queues int) string {
 // ConflistVersion is Conflist with another cniVersion (containerd 1.6's
 // libcni knows 1.0.0 at most; GC needs 1.1.0).
 func (n *Node) ConflistVersion(cniVersion string, queues int) string {
-	extra := ""
+	extra, mode := "", ""
+	if n.cfg.HandoffMode != "" {
+		mode = fmt.Sprintf(`"mode": %q, `, n.cfg.HandoffMode)
+	}
 	if n.cfg.NapitapExtra != "" {
 		extra = ",\n     " + n.cfg.NapitapExtra
 	}
@@ -426,10 +442,10 @@ func (n *Node) ConflistVersion(cniVersion string, queues int) string {
     {"type": "bridge", "bridge": %q, "isGateway": true,
      "ipam": {"type": "host-local", "subnet": %q, "dataDir": %q}},
     {"type": "napitap", "queues": %d, "wiring": "tc-redirect",
-     "handoff": {"socket": %q, "required": true}%s}
+     "handoff": {%s"socket": %q, "required": true}%s}
   ]
 }
-`, cniVersion, n.cfg.Name, n.cfg.Bridge, n.Subnet, filepath.Join(n.Root, "cni", "ipam"), queues, n.Socket, extra)
+`, cniVersion, n.cfg.Name, n.cfg.Bridge, n.Subnet, filepath.Join(n.Root, "cni", "ipam"), queues, mode, n.Socket, extra)
 }
 
 // WriteConflist replaces the one conflist of the conf dir atomically
@@ -735,23 +751,40 @@ func ContainerdVersion() string {
 	return strings.TrimSpace(string(out))
 }
 
-// StartNapitapd runs the napitapd binary bin on a socket in dir and stops
-// it by PID when the test ends; it returns the socket and state dir.
-func StartNapitapd(t testing.TB, bin, dir string) (string, string) {
+// Napitapd is a napitapd started by StartNapitapd.
+type Napitapd struct {
+	Socket        string // the hand-off socket
+	StateDir      string
+	SeccompSocket string // where napitapctl launch and runc send seccomp listeners
+	LogPath       string
+	Pid           int
+}
+
+// StartNapitapd runs the napitapd binary bin with its sockets, state and log
+// in dir (never napitapd's node-wide defaults under /run/napitap, which a
+// real napitapd or another test may own) and stops it by PID when the test
+// ends.
+func StartNapitapd(t testing.TB, bin, dir string) *Napitapd {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	socket, state := filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "state")
-	log, err := os.Create(filepath.Join(dir, "napitapd.log"))
+	d := &Napitapd{
+		Socket:        filepath.Join(dir, "napitapd.sock"),
+		StateDir:      filepath.Join(dir, "state"),
+		SeccompSocket: filepath.Join(dir, "seccomp.sock"),
+		LogPath:       filepath.Join(dir, "napitapd.log"),
+	}
+	log, err := os.Create(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--socket", socket, "--state-dir", state)
+	cmd := exec.Command(bin, "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	d.Pid = cmd.Process.Pid
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
@@ -761,10 +794,18 @@ func StartNapitapd(t testing.TB, bin, dir string) (string, string) {
 			t.Logf("napitapd log:\n%s", Tail(string(b), 4000))
 		}
 	})
-	if err := Poll(5*time.Second, func() error { _, err := os.Stat(socket); return err }); err != nil {
-		t.Fatalf("napitapd did not create %s", socket)
+	err = Poll(5*time.Second, func() error {
+		for _, s := range []string{d.Socket, d.SeccompSocket} {
+			if _, err := os.Stat(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("napitapd did not create its sockets: %v", err)
 	}
-	return socket, state
+	return d
 }
 
 // Tail is the last n bytes of s.
