@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 	cnitest.MainWithBinaries(m, &binDir,
 		"github.com/napitap/napitap/plugins/napitap",
 		"github.com/napitap/napitap/cmd/napitapd",
+		"github.com/napitap/napitap/cmd/napitapctl",
 		"github.com/napitap/napitap/test/e2e/crihelp/pause",
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
