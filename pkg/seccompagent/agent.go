@@ -142,6 +142,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 		return
 	}
 	var n seccompNotif
+	lost := lostAnswers{}
 	for {
 		var got, hup bool
 		var recvErr error
@@ -159,7 +160,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, lost, log) })
 	}
 }
 
@@ -188,15 +189,20 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, log *slog.Logger) {
-	v := a.decide(listener, n)
+func (a *Agent) answer(listener int, n *seccompNotif, lost lostAnswers, log *slog.Logger) {
+	v := a.decide(listener, n, lost.take(n.Pid))
 	if v.gone {
 		return
 	}
 	if a.beforeReply != nil {
 		a.beforeReply(int(n.Pid))
 	}
-	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
+	err := notifSend(listener, n.ID, v.errno, v.cont)
+	switch {
+	case lostAnswer(err) && v.queue != nil && !v.cont && v.errno == 0:
+		// Interrupted after the attach; the kernel restarts the call.
+		lost.put(n.Pid, *v.queue)
+	case err != nil && !lostAnswer(err):
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
 	}
 }

@@ -15,6 +15,9 @@ type verdict struct {
 	cont  bool       // let the kernel run the caller's own TUNSETIFF
 	errno unix.Errno // else this, 0 for success
 	gone  bool       // the caller is gone: nothing to answer
+	// queue is the caller's fd attached, with success: remembered should
+	// the answer be lost to a signal (restart.go).
+	queue *attachedQueue
 }
 
 var (
@@ -38,7 +41,9 @@ type ifreq struct {
 // decide handles one TUNSETIFF notification. Anything not a managed tap,
 // or that it cannot read, is the kernel's to answer (CONTINUE), so the
 // caller sees what it would without napitapd.
-func (a *Agent) decide(listener int, n *seccompNotif) verdict {
+//
+// lost is the queue whose answer the same thread never got, if any.
+func (a *Agent) decide(listener int, n *seccompNotif, lost *attachedQueue) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -65,6 +70,12 @@ func (a *Agent) decide(listener int, n *seccompNotif) verdict {
 	}
 	defer unix.Close(fd)
 	if !unattachedTun(fd) {
+		fdNum := int32(n.Data.Args[0])
+		if restartOf(lost, fd, fdNum, ifr.name) {
+			a.log.Info("TUNSETIFF restarted by a signal after napitapd attached the queue: 0, not EEXIST",
+				"tap", ifr.name, "pid", tid, "fd", fdNum)
+			return verdict{queue: lost}
+		}
 		// Not /dev/net/tun, or attached already (Cloud Hypervisor repeats
 		// TUNSETIFF on fds it was given): the kernel's EEXIST or ENOTTY.
 		return continueVerdict
@@ -137,7 +148,7 @@ func (a *Agent) decide(listener int, n *seccompNotif) verdict {
 		return verdict{errno: errno}
 	}
 	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
-	return verdict{}
+	return verdict{queue: &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}}
 }
 
 func queueMode(mq bool) string {
