@@ -142,7 +142,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 		return
 	}
 	var n seccompNotif
-	lost := lostAnswers{}
+	recent := recentAttaches{}
 	for {
 		var got, hup bool
 		var recvErr error
@@ -160,7 +160,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, lost, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, recent, log) })
 	}
 }
 
@@ -189,9 +189,13 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, lost lostAnswers, log *slog.Logger) {
-	v := a.decide(listener, n, lost.take(n.Pid))
+func (a *Agent) answer(listener int, n *seccompNotif, recent recentAttaches, log *slog.Logger) {
+	prev := recent.take(n.Pid)
+	v := a.decide(listener, n, prev)
 	if v.gone {
+		if prev != nil {
+			recent.put(n.Pid, *prev) // interrupted again: still to restart
+		}
 		return
 	}
 	if a.beforeReply != nil {
@@ -199,10 +203,13 @@ func (a *Agent) answer(listener int, n *seccompNotif, lost lostAnswers, log *slo
 	}
 	err := notifSend(listener, n.ID, v.errno, v.cont)
 	switch {
-	case lostAnswer(err) && v.queue != nil && !v.cont && v.errno == 0:
-		// Interrupted after the attach; the kernel restarts the call.
-		lost.put(n.Pid, *v.queue)
-	case err != nil && !lostAnswer(err):
+	case v.queue != nil:
+		// Even when the answer went out: a signal may have crossed it.
+		recent.put(n.Pid, *v.queue)
+	case prev != nil && errors.Is(err, unix.ENOENT):
+		recent.put(n.Pid, *prev)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
 	}
 }

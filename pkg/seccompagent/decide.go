@@ -15,8 +15,8 @@ type verdict struct {
 	cont  bool       // let the kernel run the caller's own TUNSETIFF
 	errno unix.Errno // else this, 0 for success
 	gone  bool       // the caller is gone: nothing to answer
-	// queue is the caller's fd attached, with success: remembered should
-	// the answer be lost to a signal (restart.go).
+	// queue is the caller's fd attached, with success: remembered for the
+	// call's restart should a signal interrupt it (restart.go).
 	queue *attachedQueue
 }
 
@@ -42,8 +42,8 @@ type ifreq struct {
 // or that it cannot read, is the kernel's to answer (CONTINUE), so the
 // caller sees what it would without napitapd.
 //
-// lost is the queue whose answer the same thread never got, if any.
-func (a *Agent) decide(listener int, n *seccompNotif, lost *attachedQueue) verdict {
+// prev is the queue last attached for the same thread, if any.
+func (a *Agent) decide(listener int, n *seccompNotif, prev *attachedQueue) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -71,10 +71,10 @@ func (a *Agent) decide(listener int, n *seccompNotif, lost *attachedQueue) verdi
 	defer unix.Close(fd)
 	if !unattachedTun(fd) {
 		fdNum := int32(n.Data.Args[0])
-		if restartOf(lost, fd, fdNum, ifr.name) {
+		if restartOf(prev, fd, fdNum, ifr.name) {
 			a.log.Info("TUNSETIFF restarted by a signal after napitapd attached the queue: 0, not EEXIST",
 				"tap", ifr.name, "pid", tid, "fd", fdNum)
-			return verdict{queue: lost}
+			return verdict{queue: prev}
 		}
 		// Not /dev/net/tun, or attached already (Cloud Hypervisor repeats
 		// TUNSETIFF on fds it was given): the kernel's EEXIST or ENOTTY.

@@ -2,8 +2,10 @@ package seccompagent
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"strings"
@@ -20,11 +22,11 @@ import (
 // TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST: runc 1.1.5
 // (libseccomp 2.5.4) installs an OCI profile's filter without
 // WAIT_KILLABLE_RECV, so a signal that reaches the caller while the agent
-// attaches its queue interrupts the wait, the answer is lost and the
-// kernel restarts the TUNSETIFF on an fd that is attached now. That
-// restarted call must get the 0 the attach earned, not the kernel's
-// EEXIST. The signal is sent from the agent's own answer path, after the
-// attach: deterministic, no storm needed.
+// attaches its queue interrupts the wait and the kernel restarts the
+// TUNSETIFF on an fd that is attached now. That restarted call must get
+// the 0 the attach earned, not the kernel's EEXIST, whether the agent's
+// answer then found no caller (ENOENT) or went out while the signal
+// crossed it. The signals come from the agent's own answer path.
 func TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST(t *testing.T) {
 	nstest.RequireRoot(t)
 	pod := nstest.New(t, "seccomprst")
@@ -42,41 +44,68 @@ func TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(agent.Close)
+	runcFlags := uintptr(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
 
 	cases := []struct {
-		name        string
-		flags       uintptr
-		wantAnswers int32 // notifications answered: 2 when the call restarted
+		name     string
+		flags    uintptr
+		attempts int
+		// signal runs before each answer, n counting answers from 1.
+		signal func(tid int, n int32)
+		// storm: SIGURG at the caller every ~20 us besides, so that it
+		// is interrupted at every stage of the agent's work.
+		storm bool
+		// wantAnswers: notifications answered, attempts plus restarts;
+		// -1: at least attempts.
+		wantAnswers int32
 	}{
-		{"under runc's filter, without WAIT_KILLABLE_RECV, the restarted call gets the attach's 0", unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, 2},
-		{"under launch's filter, with WAIT_KILLABLE_RECV, the signal waits for the one answer", filterFlags, 1},
+		{"under runc's filter, a signal after the attach: the answer finds no caller and the restarted call gets 0",
+			runcFlags, 1, func(tid int, n int32) {
+				if n == 1 {
+					sigurg(t, tid)
+					time.Sleep(20 * time.Millisecond) // the caller takes the signal meanwhile
+				}
+			}, false, 2},
+		{"under launch's filter, with WAIT_KILLABLE_RECV, the same signal waits for the one answer",
+			filterFlags, 1, func(tid int, n int32) {
+				if n == 1 {
+					sigurg(t, tid)
+					time.Sleep(20 * time.Millisecond)
+				}
+			}, false, 1},
+		{"under runc's filter, signals racing every other answer: 300 attaches, never EEXIST",
+			runcFlags, 300, func(tid int, n int32) {
+				if n%2 == 1 {
+					sigurg(t, tid)
+					spin(time.Duration(rand.IntN(40)) * time.Microsecond)
+				}
+			}, false, -1},
+		{"under runc's filter, a signal storm at every stage: 300 attaches, never EEXIST",
+			runcFlags, 300, func(int, int32) { spin(50 * time.Microsecond) }, true, -1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			logs.Reset()
 			var answers atomic.Int32
 			// Set while no listener is served: no goroutine reads it now.
-			agent.beforeReply = func(tid int) {
-				if answers.Add(1) == 1 {
-					if err := unix.Tgkill(os.Getpid(), tid, unix.SIGURG); err != nil {
-						t.Errorf("tgkill %d: %v", tid, err)
-					}
-					time.Sleep(20 * time.Millisecond) // the caller takes the signal meanwhile
-				}
-			}
-			flags, err := tunsetiffUnderFilter(pod.Path(), tap, tc.flags, agent)
+			agent.beforeReply = func(tid int) { tc.signal(tid, answers.Add(1)) }
+			defer func() { agent.beforeReply = nil }()
+			errnos, napi, err := tunsetiffUnderFilter(pod.Path(), tap, tc.flags, tc.attempts, tc.storm, agent)
 			if err != nil {
-				t.Fatalf("TUNSETIFF under the filter: %v\nagent log:\n%s", err, logs.String())
+				t.Fatalf("under the filter: %v\nagent log:\n%s", err, logTail(logs.String()))
 			}
-			if flags&unix.IFF_NAPI == 0 {
-				t.Errorf("queue flags 0x%x lack IFF_NAPI", flags)
+			got := answers.Load()
+			t.Logf("%d attaches, %d notifications answered, %d restarts logged: errnos %v",
+				tc.attempts, got, strings.Count(logs.String(), "TUNSETIFF restarted by a signal"), errnos)
+			if errnos[0] != tc.attempts || napi != tc.attempts {
+				t.Errorf("%d of %d TUNSETIFFs succeeded, %d with IFF_NAPI: errnos %v", errnos[0], tc.attempts, napi, errnos)
 			}
-			if got := answers.Load(); got != tc.wantAnswers {
+			if tc.wantAnswers >= 0 && got != tc.wantAnswers {
 				t.Errorf("the agent answered %d notifications, want %d (the signal did not act as expected)\n%s", got, tc.wantAnswers, logs.String())
 			}
 			restarted := strings.Contains(logs.String(), "TUNSETIFF restarted by a signal")
-			if restarted != (tc.wantAnswers == 2) {
-				t.Errorf("agent logged a restart: %v, want %v\n%s", restarted, tc.wantAnswers == 2, logs.String())
+			if wantRestart := got > int32(tc.attempts); restarted != wantRestart {
+				t.Errorf("agent logged a restart: %v, want %v\n%s", restarted, wantRestart, logTail(logs.String()))
 			}
 			// The thread that carried the filter has ended: the listener goes.
 			deadline := time.Now().Add(5 * time.Second)
@@ -86,26 +115,50 @@ func TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST(t *testing.T) {
 			if n := agent.Listeners(); n > 0 {
 				t.Fatalf("%d listeners still served", n)
 			}
-			agent.beforeReply = nil
 		})
 	}
 }
 
+func sigurg(t *testing.T, tid int) {
+	// SIGURG: the Go runtime's handler has SA_RESTART, as QEMU's and
+	// libvirt's handlers do.
+	if err := unix.Tgkill(os.Getpid(), tid, unix.SIGURG); err != nil {
+		t.Errorf("tgkill %d: %v", tid, err)
+	}
+}
+
+// spin waits d without sleeping: a sleep would let the caller take the
+// signal first every time.
+func spin(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+	}
+}
+
+func logTail(s string) string {
+	if len(s) > 3000 {
+		return "..." + s[len(s)-3000:]
+	}
+	return s
+}
+
 // tunsetiffUnderFilter opens tap as QEMU does (multiqueue, vnet header)
-// from a thread of its own in netnsPath that carries the filter, whose
-// listener agent serves, and returns the flags TUNGETIFF then reports.
-// The thread is never unlocked: it ends with its goroutine, filter and
-// netns with it. Go starts new threads from its template thread, never
-// from a locked one, so no other thread inherits the filter.
-func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, agent *Agent) (uint16, error) {
+// attempts times, closing each queue again, from a thread of its own in
+// netnsPath that carries the filter, whose listener agent serves. It
+// counts the errnos and the queues with IFF_NAPI (each attach is the
+// tap's first, so TUNGETIFF's flags are its own). The thread is never
+// unlocked: it ends with its goroutine, filter and netns with it (never
+// the main thread, which Go cannot end). Go starts new threads from its
+// template thread, never from a locked one, so no other thread inherits
+// the filter.
+func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, attempts int, storm bool, agent *Agent) (map[unix.Errno]int, int, error) {
 	type result struct {
-		flags uint16
-		err   error
+		errnos map[unix.Errno]int
+		napi   int
+		err    error
 	}
 	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		var r result
+	onThreadThatEnds(func() {
+		r := result{errnos: map[unix.Errno]int{}}
 		defer func() { done <- r }()
 		nsfd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -127,35 +180,85 @@ func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, agent *Age
 			r.err = err
 			return
 		}
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			r.err = err
-			return
+		if storm {
+			stop := make(chan struct{})
+			defer close(stop)
+			pid, tid := unix.Getpid(), unix.Gettid()
+			go func() { // on another thread: this one is locked
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_ = unix.Tgkill(pid, tid, unix.SIGURG)
+					time.Sleep(20 * time.Microsecond)
+				}
+			}()
 		}
-		defer unix.Close(fd)
-		ifr, err := unix.NewIfreq(tap)
-		if err != nil {
-			r.err = err
-			return
+		for range attempts {
+			errno, flags, err := attachOnce(tap)
+			if err != nil {
+				r.err = err
+				return
+			}
+			r.errnos[errno]++
+			if errno == 0 && flags&unix.IFF_NAPI != 0 {
+				r.napi++
+			}
 		}
-		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_MULTI_QUEUE)
-		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-			r.err = fmt.Errorf("TUNSETIFF: %w", err)
-			return
-		}
-		got, _ := unix.NewIfreq("")
-		if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, got); err != nil {
-			r.err = fmt.Errorf("TUNGETIFF: %w", err)
-			return
-		}
-		r.flags = got.Uint16()
-	}()
+	})
 	select {
 	case r := <-done:
-		return r.flags, r.err
-	case <-time.After(30 * time.Second):
-		return 0, fmt.Errorf("TUNSETIFF still blocked after 30 s")
+		return r.errnos, r.napi, r.err
+	case <-time.After(60 * time.Second):
+		return nil, 0, fmt.Errorf("TUNSETIFF still blocked after 60 s")
 	}
+}
+
+// onThreadThatEnds runs fn in a goroutine locked to a thread that ends
+// with it. Go keeps the main thread (wedged) when a goroutine locked to it
+// exits, so that one is held while another goroutine takes another thread.
+func onThreadThatEnds(fn func()) {
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			fn() // never unlocked
+			return
+		}
+		held := make(chan struct{})
+		onThreadThatEnds(func() {
+			defer close(held)
+			fn()
+		})
+		<-held
+		runtime.UnlockOSThread()
+	}()
+}
+
+func attachOnce(tap string) (unix.Errno, uint16, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(tap)
+	if err != nil {
+		return 0, 0, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_MULTI_QUEUE)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		var errno unix.Errno
+		if !errors.As(err, &errno) {
+			return 0, 0, err
+		}
+		return errno, 0, nil
+	}
+	got, _ := unix.NewIfreq("")
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, got); err != nil {
+		return 0, 0, fmt.Errorf("TUNGETIFF: %w", err)
+	}
+	return 0, got.Uint16(), nil
 }
 
 // makePersistentTap makes a multiqueue tap with no queue attached, as
