@@ -29,6 +29,7 @@ func TestMain(m *testing.M) {
 		"github.com/napitap/napitap/cmd/napitapd",
 		"github.com/napitap/napitap/cmd/napitapctl",
 		"github.com/napitap/napitap/test/e2e/crihelp/pause",
+		"github.com/napitap/napitap/test/e2e/cri/tunstorm",
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
