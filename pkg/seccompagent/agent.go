@@ -129,13 +129,20 @@ func (a *Agent) isClosed() bool {
 
 func (a *Agent) serve(f *os.File, origin string) {
 	defer a.wg.Done()
+	log := a.log.With("listener", origin)
+	exited := false
 	defer func() {
 		a.mu.Lock()
 		delete(a.listeners, f)
+		left := len(a.listeners)
 		a.mu.Unlock()
 		f.Close()
+		if exited {
+			// Info: the pair of "serving seccomp listener", so that a
+			// node's log shows every listener let go.
+			log.Info("seccomp listener done: every process under its filter has exited", "listeners", left)
+		}
 	}()
-	log := a.log.With("listener", origin)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		log.Error("seccomp listener", "err", err)
@@ -147,6 +154,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 	var n seccompNotif
 	sock := &netnsSocket{fd: -1}
 	defer sock.close()
+	recent := recentAttaches{}
 	for {
 		var got, hup bool
 		var recvErr error
@@ -164,10 +172,10 @@ func (a *Agent) serve(f *os.File, origin string) {
 			log.Error("SECCOMP_IOCTL_NOTIF_RECV", "err", recvErr)
 			return
 		case hup:
-			log.Debug("every process under the filter has exited")
+			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, hook, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, recent, hook, log) })
 	}
 }
 
@@ -196,15 +204,27 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, hook func(int, bool), log *slog.Logger) {
-	v := a.decide(listener, n, sock)
+func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
+	prev := recent.take(n.Pid)
+	v := a.decide(listener, n, sock, prev)
 	if v.gone {
+		if prev != nil {
+			recent.put(n.Pid, *prev) // interrupted again: still to restart
+		}
 		return
 	}
 	if hook != nil {
 		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
-	if err := notifSend(listener, n.ID, v.errno, v.cont); err != nil && !errors.Is(err, unix.ENOENT) {
+	err := notifSend(listener, n.ID, v.errno, v.cont)
+	switch {
+	case v.queue != nil:
+		// Even when the answer went out: a signal may have crossed it.
+		recent.put(n.Pid, *v.queue)
+	case prev != nil && errors.Is(err, unix.ENOENT):
+		recent.put(n.Pid, *prev)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
 	}
 }

@@ -18,6 +18,9 @@ type verdict struct {
 	cont  bool       // let the kernel run the caller's own TUNSETIFF
 	errno unix.Errno // else this, 0 for success
 	gone  bool       // the caller is gone: nothing to answer
+	// queue is the caller's fd attached, with success: remembered for the
+	// call's restart should a signal interrupt it (restart.go).
+	queue *attachedQueue
 }
 
 var (
@@ -41,7 +44,9 @@ type ifreq struct {
 // decide handles one TUNSETIFF notification. Anything not a managed tap,
 // or that it cannot read, is the kernel's to answer (CONTINUE), so the
 // caller sees what it would without napitapd.
-func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket) verdict {
+//
+// prev is the queue last attached for the same thread, if any.
+func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *attachedQueue) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -68,6 +73,12 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket) verdict
 	}
 	defer unix.Close(fd)
 	if !unattachedTun(fd) {
+		fdNum := int32(n.Data.Args[0])
+		if restartOf(prev, fd, fdNum, ifr.name) {
+			a.log.Info("TUNSETIFF restarted by a signal after napitapd attached the queue: 0, not EEXIST",
+				"tap", ifr.name, "pid", tid, "fd", fdNum)
+			return verdict{queue: prev}
+		}
 		// Not /dev/net/tun, or attached already (Cloud Hypervisor repeats
 		// TUNSETIFF on fds it was given): the kernel's EEXIST or ENOTTY.
 		return continueVerdict
@@ -140,7 +151,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket) verdict
 		return verdict{errno: errno}
 	}
 	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
-	return verdict{}
+	return verdict{queue: &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}}
 }
 
 func queueMode(mq bool) string {

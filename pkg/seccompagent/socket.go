@@ -106,7 +106,10 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		var fd int
 		if st, fd, err = parseMessage(b, fds); err == nil {
 			fds = nil // Add owns it now
-			err = s.agent.Add(fd, origin(st, peer))
+			from := origin(st, peer)
+			if err = s.agent.Add(fd, from); err == nil {
+				s.logListener(st, from, peer)
+			}
 		}
 	}
 	for _, fd := range fds {
@@ -192,6 +195,16 @@ func parseMessage(b []byte, fds []int) (*specs.ContainerProcessState, int, error
 		return nil, -1, fmt.Errorf("message has pid %d", st.Pid)
 	}
 	return &st, fds[0], nil
+}
+
+// logListener says whose listener is served: the container runc names
+// and, through CRI, its pod sandbox (what an operator greps for).
+func (s *Server) logListener(st *specs.ContainerProcessState, from, peer string) {
+	a := st.State.Annotations
+	s.log.Info("serving seccomp listener", "from", from, "sender", peer,
+		"container", st.State.ID, "status", st.State.Status, "metadata", st.Metadata,
+		"sandbox_id", a["io.kubernetes.cri.sandbox-id"], "sandbox_uid", a["io.kubernetes.cri.sandbox-uid"],
+		"listeners", s.agent.Listeners())
 }
 
 // origin names a listener in logs: the pod when runc sent it through CRI.

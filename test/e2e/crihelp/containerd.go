@@ -57,6 +57,9 @@ type Config struct {
 	// NapitapExtra is more JSON members for napitap's config, such as
 	// `"groFlushTimeout": 200000`.
 	NapitapExtra string
+	// HandoffMode is napitap's handoff.mode ("fds", "intercept"); empty
+	// leaves it to napitap's default.
+	HandoffMode string
 	// Queues is napitap's queue count in the first conflist.
 	Queues int
 }
@@ -77,6 +80,7 @@ type Node struct {
 	Cgroup   string // cgroup parent of the pods, "/<Name>-<suffix>"
 	Socket   string // napitapd's
 	StateDir string // napitapd's
+	Napitapd *Napitapd
 	proc     *exec.Cmd
 	exited   <-chan struct{}
 	log      string
@@ -296,6 +300,7 @@ func Start(t testing.TB, cfg Config) *Node {
 	}
 	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
 	n.Socket, n.StateDir = d.Socket, d.StateDir
+	n.Napitapd = d
 	n.WriteConflist(cfg.Queues)
 
 	cfgFile := filepath.Join(root, "containerd.toml")
@@ -345,19 +350,26 @@ func Start(t testing.TB, cfg Config) *Node {
 	if err := WritePauseArchive(archive, filepath.Join(cfg.BinDir, "pause"), PauseRef); err != nil {
 		t.Fatal(err)
 	}
+	n.ImportImage(archive, PauseRef)
+	return n
+}
+
+// ImportImage imports a docker-archive tar holding ref into the CRI's
+// namespace and waits until the CRI plugin sees it.
+func (n *Node) ImportImage(archive, ref string) {
+	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.Address, "-n", criNS, "images", "import", archive).CombinedOutput(); err != nil {
-		t.Fatalf("ctr images import: %v: %s", err, out)
+		n.t.Fatalf("ctr images import %s: %v: %s", archive, err, out)
 	}
 	// The CRI plugin learns of the image through containerd's events.
 	if err := Poll(10*time.Second, func() error {
-		_, err := n.CrictlRun("inspecti", PauseRef)
+		_, err := n.CrictlRun("inspecti", ref)
 		return err
 	}); err != nil {
-		t.Fatalf("pause image not visible to CRI: %v", err)
+		n.t.Fatalf("image %s not visible to CRI: %v", ref, err)
 	}
-	return n
 }
 
 // StartPinned starts cmd with SIGTERM as its parent-death signal: should
@@ -416,7 +428,10 @@ func (n *Node) Conflist(queues int) string {
 // ConflistVersion is Conflist with another cniVersion (containerd 1.6's
 // libcni knows 1.0.0 at most; GC needs 1.1.0).
 func (n *Node) ConflistVersion(cniVersion string, queues int) string {
-	extra := ""
+	extra, mode := "", ""
+	if n.cfg.HandoffMode != "" {
+		mode = fmt.Sprintf(`"mode": %q, `, n.cfg.HandoffMode)
+	}
 	if n.cfg.NapitapExtra != "" {
 		extra = ",\n     " + n.cfg.NapitapExtra
 	}
@@ -427,10 +442,10 @@ func (n *Node) ConflistVersion(cniVersion string, queues int) string {
     {"type": "bridge", "bridge": %q, "isGateway": true,
      "ipam": {"type": "host-local", "subnet": %q, "dataDir": %q}},
     {"type": "napitap", "queues": %d, "wiring": "tc-redirect",
-     "handoff": {"socket": %q, "required": true}%s}
+     "handoff": {%s"socket": %q, "required": true}%s}
   ]
 }
-`, cniVersion, n.cfg.Name, n.cfg.Bridge, n.Subnet, filepath.Join(n.Root, "cni", "ipam"), queues, n.Socket, extra)
+`, cniVersion, n.cfg.Name, n.cfg.Bridge, n.Subnet, filepath.Join(n.Root, "cni", "ipam"), queues, mode, n.Socket, extra)
 }
 
 // WriteConflist replaces the one conflist of the conf dir atomically

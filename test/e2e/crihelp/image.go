@@ -12,6 +12,16 @@ import (
 	"time"
 )
 
+// ImageEntry is one entry of an image's only layer: a file (Data), a
+// directory (Dir) or a symlink (Link).
+type ImageEntry struct {
+	Name string // relative, e.g. "pause" or "usr"
+	Data []byte
+	Mode int64
+	Dir  bool
+	Link string
+}
+
 // WritePauseArchive packs the static pause binary into a one-layer image
 // in docker-archive form (what `docker save` writes and `ctr images import`
 // reads): layer.tar, the image config named by its digest with the layer's
@@ -21,14 +31,31 @@ func WritePauseArchive(path, pauseBin, ref string) error {
 	if err != nil {
 		return err
 	}
+	return WriteImageArchive(path, ref, []string{"/pause"}, []ImageEntry{{Name: "pause", Data: bin, Mode: 0o755}})
+}
+
+// WriteImageArchive packs entries into a one-layer image tagged ref, in
+// the docker-archive form WritePauseArchive describes.
+func WriteImageArchive(path, ref string, entrypoint []string, entries []ImageEntry) error {
 	epoch := time.Unix(0, 0)
 	var layer bytes.Buffer
 	lw := tar.NewWriter(&layer)
-	if err := lw.WriteHeader(&tar.Header{Name: "pause", Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := lw.Write(bin); err != nil {
-		return err
+	for _, e := range entries {
+		h := &tar.Header{Name: e.Name, Mode: e.Mode, ModTime: epoch}
+		switch {
+		case e.Dir:
+			h.Typeflag, h.Name = tar.TypeDir, e.Name+"/"
+		case e.Link != "":
+			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, e.Link, 0o777
+		default:
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.Data))
+		}
+		if err := lw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := lw.Write(e.Data); err != nil {
+			return err
+		}
 	}
 	if err := lw.Close(); err != nil {
 		return err
@@ -40,7 +67,7 @@ func WritePauseArchive(path, pauseBin, ref string) error {
 		"os":           "linux",
 		"created":      epoch.UTC().Format(time.RFC3339),
 		"config": map[string]any{
-			"Entrypoint": []string{"/pause"},
+			"Entrypoint": entrypoint,
 			"WorkingDir": "/",
 		},
 		"rootfs": map[string]any{
