@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // Every connection napitapd serves costs it a goroutine, the socket and a
@@ -129,7 +131,7 @@ func setBacklog(l *net.UnixListener, n int) error {
 // admit decides whether Serve serves conn, and counts it in; it closes a
 // connection it refuses at once.
 func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
-	cred, err := connCred(conn)
+	cred, err := unixsock.PeerCred(conn)
 	if err != nil {
 		conn.Close()
 		if ok, n := s.conns.refusals.allow(); ok {
@@ -146,23 +148,6 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 		return 0, false
 	}
 	return cred.Uid, true
-}
-
-// connCred is what the kernel recorded about the peer at connect time;
-// unlike a pidfd it costs no fd, so a refused connection costs nothing.
-func connCred(conn *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, credErr
 }
 
 // logInterval spaces out log lines that a flood would repeat.

@@ -22,6 +22,7 @@ import (
 	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/pkg/tunperm"
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // idleTimeout is how long a connection may wait between requests.
@@ -94,7 +95,7 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 // Listen makes the socket: stale ones removed, mode and group applied
 // before anyone can connect.
 func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	return safefile.Listen("unixpacket", path, mode, gid)
+	return unixsock.Listen("unixpacket", path, mode, gid)
 }
 
 // Serve answers connections until l is closed, and returns only then (or

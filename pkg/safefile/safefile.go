@@ -1,16 +1,14 @@
-// Package safefile keeps napitap's root-written files and sockets where
-// only root can put them: a directory another user may write to would let
-// that user swap a file napitap writes for a symlink to any file on the
-// node, or put a socket of theirs where runtimes look for napitapd's.
+// Package safefile keeps napitap's root-written files where only root can
+// put them: a directory another user may write to would let that user swap
+// a file napitap writes for a symlink to any file on the node, or put a
+// socket of theirs where runtimes look for napitapd's.
 package safefile
 
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,33 +62,4 @@ func WriteAtomic(path string, b []byte, perm os.FileMode) error {
 		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
 	}
 	return nil
-}
-
-// Listen makes a unix socket ("unix" or "unixpacket") at path, in a
-// TrustedDir: a stale socket is removed, and mode and group are applied
-// before anyone can connect (the umask keeps it root's alone until then).
-func Listen(network, path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	if err := TrustedDir(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("socket %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-	}
-	old := syscall.Umask(0o177)
-	l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if gid >= 0 {
-		if err := os.Chown(path, 0, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
-	}
-	return l, nil
 }

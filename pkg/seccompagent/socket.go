@@ -13,7 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/pkg/safefile"
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 const (
@@ -56,7 +56,7 @@ func NewServer(agent *Agent, logger *slog.Logger, maxConns int) *Server {
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
 // and group applied before anyone can connect.
 func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
-	return safefile.Listen("unix", path, mode, gid)
+	return unixsock.Listen("unix", path, mode, gid)
 }
 
 // Serve accepts senders until l is closed.
@@ -97,7 +97,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(connTimeout))
 	peer := "unknown peer"
-	if cred, err := peerCred(conn); err == nil {
+	if cred, err := unixsock.PeerCred(conn); err == nil {
 		peer = fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
 	}
 	b, fds, err := readMessage(conn)
@@ -217,21 +217,6 @@ func origin(st *specs.ContainerProcessState, peer string) string {
 		return fmt.Sprintf("container %s pid %d", st.State.ID, st.Pid)
 	}
 	return fmt.Sprintf("pid %d (%s)", st.Pid, peer)
-}
-
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, credErr
 }
 
 // dropLog logs connections refused for the bound at most once a second,

@@ -1,0 +1,62 @@
+// Package unixsock is what napitapd's two sockets share: made where only
+// root can put them, and asked who is on the other end.
+package unixsock
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/safefile"
+)
+
+// Listen makes a unix socket ("unix" or "unixpacket") at path, in a
+// TrustedDir: a stale socket is removed, and mode and group are applied
+// before anyone can connect (the umask keeps it root's alone until then).
+func Listen(network, path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	if err := safefile.TrustedDir(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("socket %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, 0, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// PeerCred is what the kernel recorded about the peer at connect time; the
+// peer cannot forge it, and unlike a pidfd it costs no fd.
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}
