@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // agentRegistry tells the seccomp agent which taps are napitap's: those of
@@ -15,7 +16,7 @@ func agentRegistry(srv *handoff.Server) seccompagent.Registry {
 		}
 		return seccompagent.Target{
 			Key: att.Key.String(), NAPI: att.NAPI, NAPIFrags: att.NAPIFrags, MultiQueue: att.MultiQueue,
-			Owner: att.Owner, Group: att.Group,
+			Owner: att.Owner, Group: att.Group, Mark: tapsetup.OwnerAlias(att.ContainerID, att.IfName),
 		}, true
 	})
 }

@@ -40,7 +40,6 @@ type Options struct {
 type Agent struct {
 	reg          Registry
 	log          *slog.Logger
-	netns        *netnsSwitcher
 	maxListeners int
 	attachLevel  slog.Level
 
@@ -57,15 +56,11 @@ type Agent struct {
 
 // New makes an agent that gives NAPI to the taps reg names.
 func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
-	sw, err := newNetnsSwitcher()
-	if err != nil {
-		return nil, err
-	}
 	if opts.MaxListeners <= 0 {
 		opts.MaxListeners = DefaultMaxListeners
 	}
 	return &Agent{
-		reg: reg, log: logger, netns: sw, maxListeners: opts.MaxListeners, attachLevel: opts.AttachLevel,
+		reg: reg, log: logger, maxListeners: opts.MaxListeners, attachLevel: opts.AttachLevel,
 		listeners: map[*os.File]string{},
 	}, nil
 }
@@ -118,7 +113,6 @@ func (a *Agent) Close() {
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
-	a.netns.close()
 }
 
 func (a *Agent) isClosed() bool {
@@ -152,7 +146,7 @@ func (a *Agent) serve(f *os.File, origin string) {
 	hook := a.beforeReply
 	a.mu.Unlock()
 	var n seccompNotif
-	sock := &netnsSocket{fd: -1}
+	sock := newNetnsSocket()
 	defer sock.close()
 	recent := recentAttaches{}
 	for {

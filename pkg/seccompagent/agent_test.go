@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
@@ -372,4 +373,47 @@ func TestEightProcessesOfAHundredTUNSETIFFsAllGetNAPI(t *testing.T) {
 	}
 	ta.waitIdle(t)
 	waitFDs(t, before, "after every target exited")
+}
+
+// TestOnlyATapMarkedAsTheAttachmentsGetsNAPI: napitapd's record names the
+// tap, and the tap found under that name must carry the attachment's
+// ifalias; a link of that name that napitap did not make is the kernel's.
+func TestOnlyATapMarkedAsTheAttachmentsGetsNAPI(t *testing.T) {
+	nstest.RequireRoot(t)
+	const mark = "napitap:vmi/net1"
+	cases := []struct {
+		name     string
+		alias    string
+		wantNAPI bool
+	}{
+		{"a tap marked as the attachment's gets NAPI", mark, true},
+		{"a tap of that name marked as another attachment's is left to the kernel", "napitap:other/net1", false},
+		{"an unmarked tap of that name is left to the kernel", "", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := nstest.New(t, "seccomp")
+			const tap = "napiscm"
+			newTap(t, pod, tapSpec{name: tap, multiQueue: true})
+			pod.Run(t, func() error {
+				link, err := netlink.LinkByName(tap)
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetAlias(link, tc.alias)
+			})
+			ta := startAgent(t, slog.LevelInfo)
+			ta.manage(t, pod, tap, Target{NAPI: true, MultiQueue: true, Mark: mark})
+			res := runTargetProc(t, targetSpec{Netns: pod.Path(), Tap: tap, Queues: 2, Flags: qemuFlags}, ta.socket)
+			for i, e := range res.Errnos {
+				if e != 0 {
+					t.Fatalf("queue %d: TUNSETIFF: %v", i, unix.Errno(e))
+				}
+				if got := res.Flags[i]&unix.IFF_NAPI != 0; got != tc.wantNAPI {
+					t.Errorf("queue %d: flags 0x%x, IFF_NAPI %v, want %v", i, res.Flags[i], got, tc.wantNAPI)
+				}
+			}
+			ta.waitIdle(t)
+		})
+	}
 }

@@ -97,9 +97,16 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	log := a.log.With("tap", ifr.name, "attachment", t.Key, "pid", tid, "netns", netnsID)
-	if exists, err := a.netns.linkExists(nsfd, netnsID, ifr.name, sock); err != nil || !exists {
+	exists, alias, err := tapMark(nsfd, netnsID, ifr.name, sock)
+	if err != nil || !exists {
 		// napitapd's TUNSETIFF would create it; the caller may not.
 		log.Warn("managed tap is not in its netns; left to the kernel", "err", err)
+		return continueVerdict
+	}
+	if t.Mark != "" && alias != t.Mark {
+		// A link of that name that napitap did not make for this
+		// attachment: not napitapd's to attach.
+		log.Warn("a tap of that name is not marked as the attachment's; left to the kernel", "ifalias", alias, "want", t.Mark)
 		return continueVerdict
 	}
 	if asked := ifr.flags&unix.IFF_MULTI_QUEUE != 0; asked != t.MultiQueue {

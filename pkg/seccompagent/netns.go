@@ -1,9 +1,13 @@
 package seccompagent
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,29 +22,22 @@ func fileNetns(tunfd int) (int, error) {
 	return nsfd, nil
 }
 
-// netnsSwitcher looks links up in other network namespaces from a thread
-// of napitapd's.
-type netnsSwitcher struct {
-	home int // napitapd's own netns, to come back to
-}
-
-func newNetnsSwitcher() (*netnsSwitcher, error) {
-	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("own netns: %w", err)
-	}
-	return &netnsSwitcher{home: fd}, nil
-}
-
-func (s *netnsSwitcher) close() { unix.Close(s.home) }
-
-// netnsSocket is a socket in one netns, kept by a listener's goroutine
-// for the next queue of the same runtime: making one costs two setns.
-// It pins that netns, at most until the listener's processes are gone.
+// netnsSocket is a rtnetlink socket in one netns, kept by a listener's
+// goroutine for the next queue of the same runtime: making one costs two
+// setns. It pins that netns, at most until the listener's processes are
+// gone.
 type netnsSocket struct {
 	netnsID uint64
 	fd      int // -1: none
+	seq     uint32
+	buf     []byte
+	// The alias last read, for the link of that index: a VM's queues are
+	// one TUNSETIFF each, and only the first needs to read it.
+	aliasIndex int32
+	alias      string
 }
+
+func newNetnsSocket() *netnsSocket { return &netnsSocket{fd: -1} }
 
 func (c *netnsSocket) close() {
 	if c.fd >= 0 {
@@ -49,43 +46,125 @@ func (c *netnsSocket) close() {
 	}
 }
 
-// linkExists reports whether a link named name exists in the netns nsfd
-// (netnsID). TUNSETIFF by napitapd on a name that is gone would create a
+// tapMark reports whether a link named name exists in the netns nsfd
+// (netnsID), and its ifalias: napitap marks its taps with their
+// attachment. TUNSETIFF by napitapd on a name that is gone would create a
 // tap with napitapd's rights, which the caller could not have done.
-func (s *netnsSwitcher) linkExists(nsfd int, netnsID uint64, name string, cache *netnsSocket) (bool, error) {
-	if cache.fd < 0 || cache.netnsID != netnsID {
-		cache.close()
-		sock, err := s.socketIn(nsfd)
+func tapMark(nsfd int, netnsID uint64, name string, c *netnsSocket) (exists bool, alias string, err error) {
+	if c.fd < 0 || c.netnsID != netnsID {
+		c.close()
+		fd, err := rtnetlinkIn(nsfd)
 		if err != nil {
-			return false, err
+			return false, "", err
 		}
-		cache.netnsID, cache.fd = netnsID, sock
+		c.netnsID, c.fd, c.aliasIndex = netnsID, fd, 0
 	}
-	sock := cache.fd
 	ifr, err := unix.NewIfreq(name)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	// Any socket answers SIOCGIFINDEX for the netns it was made in.
-	err = unix.IoctlIfreq(sock, unix.SIOCGIFINDEX, ifr)
+	err = unix.IoctlIfreq(c.fd, unix.SIOCGIFINDEX, ifr)
 	if errors.Is(err, unix.ENODEV) {
-		return false, nil
+		return false, "", nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("SIOCGIFINDEX %q: %w", name, err)
+		return false, "", fmt.Errorf("SIOCGIFINDEX %q: %w", name, err)
 	}
-	return true, nil
+	// An index names one link for as long as it exists; a tap deleted
+	// and made again gets a new one.
+	index := int32(ifr.Uint32())
+	if index == c.aliasIndex {
+		return true, c.alias, nil
+	}
+	exists, alias, err = c.getLink(name)
+	if err != nil {
+		c.close() // a reply left unread would confuse the next request
+		return false, "", err
+	}
+	c.aliasIndex, c.alias = index, alias
+	return exists, alias, nil
 }
 
-// socketIn makes a socket in the netns nsfd.
-func (s *netnsSwitcher) socketIn(nsfd int) (int, error) {
+// getLink asks RTM_GETLINK for one name and reads IFLA_IFALIAS from the
+// answer. A hand-made request, not a netlink library's: this runs on
+// every intercepted TUNSETIFF, and decoding the whole link costs more
+// than the rest of the agent's work.
+func (c *netnsSocket) getLink(name string) (bool, string, error) {
+	c.seq++
+	attrLen := unix.SizeofRtAttr + len(name) + 1
+	req := make([]byte, unix.SizeofNlMsghdr+unix.SizeofIfInfomsg+rtaAlign(attrLen))
+	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
+	binary.NativeEndian.PutUint16(req[4:], unix.RTM_GETLINK)
+	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST)
+	binary.NativeEndian.PutUint32(req[8:], c.seq)
+	a := req[unix.SizeofNlMsghdr+unix.SizeofIfInfomsg:]
+	binary.NativeEndian.PutUint16(a[0:], uint16(attrLen))
+	binary.NativeEndian.PutUint16(a[2:], unix.IFLA_IFNAME)
+	copy(a[unix.SizeofRtAttr:], name)
+	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
+	}
+	if c.buf == nil {
+		c.buf = make([]byte, 32<<10)
+	}
+	for {
+		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
+		if err != nil {
+			return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(c.buf[:n])
+		if err != nil {
+			return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != c.seq {
+				continue // an answer to an earlier, abandoned request
+			}
+			switch m.Header.Type {
+			case unix.NLMSG_ERROR:
+				if len(m.Data) < 4 {
+					return false, "", fmt.Errorf("RTM_GETLINK %q: short error", name)
+				}
+				errno := unix.Errno(-int32(binary.NativeEndian.Uint32(m.Data)))
+				if errno == unix.ENODEV {
+					return false, "", nil
+				}
+				return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, errno)
+			case unix.RTM_NEWLINK:
+				attrs, err := syscall.ParseNetlinkRouteAttr(&m)
+				if err != nil {
+					return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
+				}
+				for _, at := range attrs {
+					if at.Attr.Type == unix.IFLA_IFALIAS {
+						return true, strings.TrimRight(string(at.Value), "\x00"), nil
+					}
+				}
+				return true, "", nil
+			}
+		}
+	}
+}
+
+func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
+
+// rtnetlinkIn makes a rtnetlink socket in the netns nsfd, from a thread
+// that goes back to its own netns at once.
+func rtnetlinkIn(nsfd int) (int, error) {
 	runtime.LockOSThread()
+	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("own netns: %w", err)
+	}
+	defer unix.Close(home)
 	if err := unix.Setns(nsfd, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
 		return -1, fmt.Errorf("setns: %w", err)
 	}
-	sock, serr := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err := unix.Setns(s.home, unix.CLONE_NEWNET); err != nil {
+	sock, serr := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
 		// This thread stays locked, and Go ends it with its goroutine,
 		// rather than run anything else in a pod's netns.
 		if serr == nil {
@@ -95,7 +174,17 @@ func (s *netnsSwitcher) socketIn(nsfd int) (int, error) {
 	}
 	runtime.UnlockOSThread()
 	if serr != nil {
-		return -1, fmt.Errorf("socket: %w", serr)
+		return -1, fmt.Errorf("rtnetlink socket: %w", serr)
+	}
+	// A kernel that never answers must not hold the caller for long.
+	tv := unix.NsecToTimeval(int64(time.Second))
+	if err := unix.SetsockoptTimeval(sock, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(sock)
+		return -1, err
+	}
+	if err := unix.Bind(sock, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(sock)
+		return -1, fmt.Errorf("bind rtnetlink socket: %w", err)
 	}
 	return sock, nil
 }

@@ -14,6 +14,9 @@ type Target struct {
 	// since the kernel checks napitapd's credentials, not the caller's.
 	Owner *uint32
 	Group *uint32
+	// Mark is the ifalias napitap gave the tap (tapsetup.OwnerAlias); a
+	// link of the name without it is left to the kernel. Empty: unchecked.
+	Mark string
 }
 
 // Registry tells the agent which taps are napitap's. netnsID is the
