@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,7 +31,6 @@ type netnsSocket struct {
 	netnsID uint64
 	fd      int // -1: none
 	seq     uint32
-	buf     []byte
 	// The alias last read, for the link of that index: a VM's queues are
 	// one TUNSETIFF each, and only the first needs to read it.
 	aliasIndex int32
@@ -105,15 +105,20 @@ func (c *netnsSocket) getLink(name string) (bool, string, error) {
 	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
 	}
-	if c.buf == nil {
-		c.buf = make([]byte, 32<<10)
-	}
+	// Shared, not one per listener: a node may have a thousand listeners,
+	// all idle.
+	bufp := linkBufs.Get().(*[]byte)
+	defer linkBufs.Put(bufp)
+	buf := *bufp
 	for {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
+		n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC) // n: the whole length
 		if err != nil {
 			return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
 		}
-		msgs, err := syscall.ParseNetlinkMessage(c.buf[:n])
+		if n > len(buf) {
+			return false, "", fmt.Errorf("RTM_GETLINK %q: answer of %d bytes", name, n)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
 			return false, "", fmt.Errorf("RTM_GETLINK %q: %w", name, err)
 		}
@@ -146,6 +151,9 @@ func (c *netnsSocket) getLink(name string) (bool, string, error) {
 		}
 	}
 }
+
+// linkBufs hold one RTM_NEWLINK answer each (a tap's is about 2 KiB).
+var linkBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
 
