@@ -31,7 +31,7 @@ func TestASignalStormUnderRuncsFilterNeverYieldsEEXIST(t *testing.T) {
 		Root: root, BinDir: binDir, Crictl: crictl, Name: "napicrist", Subnet: "10.198.0.0/24",
 		Queues: 2, HandoffMode: "intercept",
 	})
-	writeVMMImage(t, n)
+	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
 	profile := writeProfile(t, n)
 	p := runVMPod(t, n, 0, true)
 

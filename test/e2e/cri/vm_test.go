@@ -11,14 +11,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/handoff"
@@ -66,7 +63,7 @@ func TestVMContainersGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 		Root: root, BinDir: binDir, Crictl: crictl, Name: "napicrivm", Subnet: "10.197.0.0/24",
 		Queues: 2, HandoffMode: "intercept", NapitapExtra: `"groFlushTimeout": 200000`,
 	})
-	writeVMMImage(t, n)
+	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
 	profile := writeProfile(t, n)
 
 	cases := []struct {
@@ -95,10 +92,13 @@ func TestVMContainersGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 				t.Fatalf("after runp: %v", err)
 			}
 
-			gateway := gatewayOf(t, n.Subnet)
-			sink := listenInNode(t, n, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, guestSend) })
-			source := listenInNode(t, n, gateway+":5002", func(c net.Conn) (int64, error) { return io.CopyN(c, zeroReader{}, guestRecv) })
-			capture := startCapture(t, p.netns, "tap0")
+			gateway, err := crihelp.Gateway(n.Subnet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink := crihelp.ListenIn(t, n.NetNS, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, guestSend) })
+			source := crihelp.ListenIn(t, n.NetNS, gateway+":5002", func(c net.Conn) (int64, error) { return io.CopyN(c, crihelp.ZeroReader{}, guestRecv) })
+			capture := crihelp.StartCapture(t, p.netns, "tap0")
 
 			script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
@@ -129,16 +129,16 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 					t.Errorf("guest output lacks %q:\n%s", w, crihelp.Tail(out, 2000))
 				}
 			}
-			throughput[tc.profile != ""] = sink.mbits()
-			t.Logf("guest -> peer %.0f Mbit/s (%d bytes), peer -> guest %d bytes", sink.mbits(), sink.bytes(), source.bytes())
-			if got := sink.bytes(); got != guestSend {
+			throughput[tc.profile != ""] = sink.Mbits()
+			t.Logf("guest -> peer %.0f Mbit/s (%d bytes), peer -> guest %d bytes", sink.Mbits(), sink.Bytes(), source.Bytes())
+			if got := sink.Bytes(); got != guestSend {
 				t.Errorf("peer received %d bytes from the guest, want %d", got, guestSend)
 			}
-			frames, maxLen := capture.stop()
-			merged := maxLen > 1514
-			t.Logf("tap0 ingress: %d frames, longest %d bytes", frames, maxLen)
+			seen := capture.Stop()
+			merged := seen.MaxLen > crihelp.MaxFrame
+			t.Logf("tap0 ingress: %v", seen)
 			if merged != tc.wantMerged {
-				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", merged, maxLen, tc.wantMerged)
+				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", merged, seen.MaxLen, tc.wantMerged)
 			}
 			checkAgentLog(t, n, p, tc.profile != "")
 
@@ -156,7 +156,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			// The listener goes when the last process under its filter
 			// has been reaped: poll for napitapd's fds to be as before.
 			var fds []string
-			err := crihelp.Poll(10*time.Second, func() error {
+			err = crihelp.Poll(10*time.Second, func() error {
 				fds = napitapdFds(t, n.Napitapd)
 				if listeners := countPrefix(fds, "anon_inode:seccomp notify"); listeners > 0 || len(fds) > len(fdsBefore) {
 					return fmt.Errorf("%d seccomp listeners, %d fds (%d before)", listeners, len(fds), len(fdsBefore))
@@ -238,24 +238,6 @@ func runVMPod(t *testing.T, n *crihelp.Node, i int, napi bool) *vmPod {
 	}
 	t.Logf("pod %s: sandbox %.12s, guest ip %s mac %s, netns %s", p.name, p.id, p.ip, p.mac, p.netns)
 	return p
-}
-
-// writeVMMImage imports vmmRef: mount points and the symlinks of a
-// merged-/usr Debian, so that the host's /usr mounted read-only runs.
-func writeVMMImage(t *testing.T, n *crihelp.Node) {
-	t.Helper()
-	var entries []crihelp.ImageEntry
-	for _, d := range []string{"usr", "etc", "dev", "proc", "sys", "tmp", "guest", "out"} {
-		entries = append(entries, crihelp.ImageEntry{Name: d, Dir: true, Mode: 0o755})
-	}
-	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
-		entries = append(entries, crihelp.ImageEntry{Name: l, Link: "usr/" + l})
-	}
-	archive := filepath.Join(n.Root, "vmm.tar")
-	if err := crihelp.WriteImageArchive(archive, vmmRef, []string{"/usr/bin/qemu-system-x86_64"}, entries); err != nil {
-		t.Fatal(err)
-	}
-	n.ImportImage(archive, vmmRef)
 }
 
 // writeProfile renders the vmm profile for this node's napitapd with
@@ -437,19 +419,6 @@ func countPrefix(list []string, prefix string) int {
 	return c
 }
 
-// gatewayOf is host-local's gateway on the bridge: the subnet's first
-// address.
-func gatewayOf(t *testing.T, subnet string) string {
-	t.Helper()
-	_, n, err := net.ParseCIDR(subnet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := n.IP.To4()
-	gw[3]++
-	return gw.String()
-}
-
 func writeJSON(t *testing.T, path string, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -468,115 +437,3 @@ func readFile(p string) string {
 }
 
 func tailFile(p string, n int) string { return crihelp.Tail(readFile(p), n) }
-
-type zeroReader struct{}
-
-func (zeroReader) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
-
-// peer is a TCP server in the node netns serving one connection; it
-// counts what that moved and how long it took.
-type peer struct {
-	n       atomic.Int64
-	elapsed atomic.Int64 // ns from accept to the end of serve
-}
-
-func (p *peer) bytes() int64 { return p.n.Load() }
-
-func (p *peer) mbits() float64 {
-	if p.elapsed.Load() == 0 {
-		return 0
-	}
-	return float64(p.n.Load()*8) / float64(p.elapsed.Load()) * 1e3
-}
-
-func listenInNode(t *testing.T, n *crihelp.Node, addr string, serve func(net.Conn) (int64, error)) *peer {
-	t.Helper()
-	var l net.Listener
-	n.NetNS.Run(t, func() (err error) {
-		l, err = net.Listen("tcp4", addr)
-		return err
-	})
-	p := &peer{}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		start := time.Now()
-		got, _ := serve(c)
-		p.elapsed.Store(int64(time.Since(start)))
-		p.n.Store(got)
-	}()
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	return p
-}
-
-// capture counts what enters the pod netns from the tap (the guest's
-// frames) as AF_PACKET sees them: after GRO.
-type capture struct {
-	fd       int
-	frames   atomic.Int64
-	maxLen   atomic.Int64
-	done     chan struct{}
-	stopOnce sync.Once
-}
-
-func startCapture(t *testing.T, netnsPath, ifName string) *capture {
-	t.Helper()
-	c := &capture{done: make(chan struct{})}
-	proto := htons(unix.ETH_P_ALL)
-	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
-		link, err := netlink.LinkByName(ifName)
-		if err != nil {
-			return err
-		}
-		if c.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto)); err != nil {
-			return err
-		}
-		return unix.Bind(c.fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index})
-	})
-	if err != nil {
-		t.Fatalf("capture on %s in %s: %v", ifName, netnsPath, err)
-	}
-	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200_000})
-	go func() {
-		defer close(c.done)
-		buf := make([]byte, 128)
-		for {
-			got, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
-			if err == unix.EAGAIN || err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return
-			}
-			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-				continue
-			}
-			c.frames.Add(1)
-			if int64(got) > c.maxLen.Load() {
-				c.maxLen.Store(int64(got))
-			}
-		}
-	}()
-	t.Cleanup(func() { c.stop() })
-	return c
-}
-
-func (c *capture) stop() (frames, maxLen int64) {
-	c.stopOnce.Do(func() {
-		_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
-		unix.Close(c.fd)
-		<-c.done
-	})
-	return c.frames.Load(), c.maxLen.Load()
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }

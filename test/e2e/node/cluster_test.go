@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 )
 
@@ -94,8 +95,50 @@ type cluster struct {
 	pki           *pki
 	admin         string // kubeconfig
 	kubelet       *proc
+	kubeletArgv   []string
+	kubeletRoot   string // its --root-dir: Localhost seccomp profiles live in its seccomp/
 	kubeletStarts int
 	apiLog        string
+}
+
+// startCluster runs a node as cfg says (Root, BinDir, Crictl and NetNS
+// are filled in here: a node netns "napitap-node-*" holding the node IP)
+// and, on it, etcd, kube-apiserver and kubelet, with podNamespace and its
+// default ServiceAccount made. Everything stops, by PID, when the test
+// ends.
+func startCluster(t *testing.T, cfg crihelp.Config) *cluster {
+	t.Helper()
+	nstest.RequireRoot(t)
+	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "unshare", "ip", "mount")
+	bin := buildK8s(t)
+	cfg.Crictl = crihelp.BuildCrictl(t)
+	crihelp.EnsureCgroups(t)
+	cfg.Root = crihelp.NewRoot(t, cfg.Name)
+	cfg.BinDir = binDir
+	cfg.NetNS = nstest.New(t, "node")
+	cfg.NetNS.Run(t, func() error { return addNodeIP(nodeIP) })
+	n := crihelp.Start(t, cfg)
+	makeCgroupRoot(t, n.Cgroup)
+	c := &cluster{t: t, root: cfg.Root, bin: bin, node: n, nodeName: cfg.Name + "-" + nstest.RandomSuffix(), pki: newPKI(t, filepath.Join(cfg.Root, "pki"))}
+	c.startEtcd()
+	c.startAPIServer()
+	c.kubeletArgv = c.kubeletCommand()
+	c.startKubelet()
+	t.Cleanup(n.TrackAll) // the sandboxes kubelet made, for the shim socket cleanup
+
+	c.apply(fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: %[1]s
+---
+# The ServiceAccount controller (kube-controller-manager) is not running.
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: default
+  namespace: %[1]s
+`, podNamespace))
+	return c
 }
 
 // buildK8s runs build.sh, which builds only what is missing or stale.
@@ -221,7 +264,7 @@ var kubeletSysctls = map[string]string{
 	"kernel/keys/root_maxbytes": "25000000",
 }
 
-// kubeletConfig writes the kubelet's kubeconfig, certs and
+// kubeletCommand writes the kubelet's kubeconfig, certs and
 // KubeletConfiguration, and the script that starts it in a mount namespace
 // of its own; it returns the command line.
 func (c *cluster) kubeletCommand() []string {
@@ -309,10 +352,11 @@ func (c *cluster) kubeletCommand() []string {
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	c.kubeletRoot = filepath.Join(dir, "root")
 	return c.inNode("unshare", "--mount", "--propagation", "slave", "--", "sh", wrapper,
 		filepath.Join(c.bin, "kubelet"),
 		"--config="+config, "--kubeconfig="+kubeconfig,
-		"--root-dir="+filepath.Join(dir, "root"), "--cert-dir="+filepath.Join(dir, "pki"),
+		"--root-dir="+c.kubeletRoot, "--cert-dir="+filepath.Join(dir, "pki"),
 		"--hostname-override="+c.nodeName, "--node-ip="+nodeIP, "--v=2")
 }
 
@@ -321,13 +365,13 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // startKubelet starts kubelet and waits until its node is Ready on a
 // status this kubelet posted (after a restart the old Ready stays: no
 // node lifecycle controller runs). Each start has a log of its own.
-func (c *cluster) startKubelet(argv []string) {
+func (c *cluster) startKubelet() {
 	t := c.t
 	t.Helper()
 	start := time.Now()
 	c.kubeletStarts++
 	name := fmt.Sprintf("kubelet (start %d)", c.kubeletStarts)
-	c.kubelet = startProc(t, name, filepath.Join(c.root, fmt.Sprintf("kubelet-%d.log", c.kubeletStarts)), argv...)
+	c.kubelet = startProc(t, name, filepath.Join(c.root, fmt.Sprintf("kubelet-%d.log", c.kubeletStarts)), c.kubeletArgv...)
 	var info string
 	err := crihelp.Poll(120*time.Second, func() (err error) {
 		if !c.kubelet.alive() {

@@ -21,13 +21,21 @@
 // (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops, ...) read as
 // kubelet wants them, so that it changes no setting of the machine.
 //
+// TestKubernetesNode runs VM-like pods on a napitap network in "fds" mode
+// (napitapd holds the queues for napitapctl exec). Its own node for
+// TestVMPodsGetNAPIQueuesThroughTheSeccompAgent has an "intercept" network
+// and napitap's Localhost seccomp profiles, installed by the DaemonSet's
+// init-container command; QEMU (TCG) in its pods opens the tap by name,
+// and GRO on the guest's traffic proves NAPI, against a RuntimeDefault
+// pod.
+//
 // One napitap config per node: kubelet passes no per-pod CNI args (only
 // Multus turns a pod's cni-args into napitap's args.cni), so the test
 // gives pods different queue counts the way a CNI DaemonSet would, by
 // rewriting the node's one conflist between pods and waiting until the
 // CRI plugin has loaded it.
 //
-// Needs root, containerd 1.6, runc, nsenter and unshare (hack/deps.sh),
+// Needs root, containerd 1.6, runc, nsenter, unshare and QEMU (hack/deps.sh),
 // crictl (hack/crictl.sh) and the build.sh binaries, which the test builds
 // if missing.
 package node

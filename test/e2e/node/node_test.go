@@ -64,40 +64,11 @@ const groFlushTimeout = 200000
 // while removing a stale one; napitapctl fetches the queues and they carry
 // NAPI; deleting the pods with kubectl leaves nothing behind.
 func TestKubernetesNode(t *testing.T) {
-	nstest.RequireRoot(t)
-	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "unshare", "ip", "mount")
 	testStart := time.Now()
-	bin := buildK8s(t)
-	crictl := crihelp.BuildCrictl(t)
-	crihelp.EnsureCgroups(t)
-	root := crihelp.NewRoot(t, "napinode")
-	netns := nstest.New(t, "node")
-	netns.Run(t, func() error { return addNodeIP(nodeIP) })
-
 	queueCounts := []int{1, 4}
-	n := crihelp.Start(t, crihelp.Config{Root: root, BinDir: binDir, Crictl: crictl, NetNS: netns,
-		Name: "napinode", Subnet: podSubnet, Queues: queueCounts[0],
+	c := startCluster(t, crihelp.Config{Name: "napinode", Subnet: podSubnet, Queues: queueCounts[0],
 		NapitapExtra: fmt.Sprintf(`"groFlushTimeout": %d`, groFlushTimeout)})
-	makeCgroupRoot(t, n.Cgroup)
-	c := &cluster{t: t, root: root, bin: bin, node: n, nodeName: "napinode-" + nstest.RandomSuffix(), pki: newPKI(t, filepath.Join(root, "pki"))}
-	c.startEtcd()
-	c.startAPIServer()
-	kubelet := c.kubeletCommand()
-	c.startKubelet(kubelet)
-	t.Cleanup(n.TrackAll) // the sandboxes kubelet made, for the shim socket cleanup
-
-	c.apply(fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata:
-  name: %[1]s
----
-# The ServiceAccount controller (kube-controller-manager) is not running.
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: default
-  namespace: %[1]s
-`, podNamespace))
+	n, netns := c.node, c.node.NetNS
 
 	// Pods, one queue count at a time (see the package doc).
 	var pods []*pod
@@ -153,7 +124,7 @@ metadata:
 	// containers and taps.
 	c.kubelet.stop(t)
 	t.Log("kubelet stopped with the pods running")
-	c.startKubelet(kubelet)
+	c.startKubelet()
 	c.waitKubeletSynced(pods)
 	for _, p := range pods {
 		c.assertUnchanged(p)

@@ -1,0 +1,594 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/tapsetup"
+	"github.com/napitap/napitap/test/e2e/crihelp"
+	"github.com/napitap/napitap/test/e2e/nodecheck"
+	"github.com/napitap/napitap/test/e2e/vm"
+)
+
+// vmmRef is the VM pods' image: mount points for the host's /usr (QEMU,
+// its libraries and firmware, bash), the guest kernel and the output dir.
+const vmmRef = "napinode.local/vmm:test"
+
+// vmmProfile is the Localhost profile a VM pod names: relative to the
+// kubelet's seccomp dir, where the DaemonSet installs it.
+const vmmProfile = "napitap/vmm.json"
+
+// What the guest's TCP streams to and from a peer on the node move.
+const (
+	guestSend = 8 << 20
+	guestRecv = 1 << 20
+)
+
+// TestVMPodsGetNAPIQueuesThroughTheSeccompAgent applies, with kubectl, a
+// VM pod as KubeVirt's virt-launcher is, minus KubeVirt: its pod
+// securityContext names the Localhost seccomp profile napitap/vmm.json,
+// installed into the kubelet's seccomp dir by the DaemonSet's own
+// init-container command, and its container runs QEMU opening the pod's
+// napitap tap by name (-netdev tap,ifname=tap0,queues=2) on an
+// intercept-mode network. kubelet passes the profile through containerd to
+// runc, runc hands the container's seccomp listener to napitapd, and
+// napitapd's agent performs QEMU's TUNSETIFFs with IFF_NAPI: the guest's
+// TCP segments are GRO-merged on the tap (DESIGN.md fact 10). The same pod
+// under RuntimeDefault gets plain queues and nothing merges. kubectl
+// delete leaves no tap, no attachment and no listener in napitapd.
+func TestVMPodsGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
+	testStart := time.Now()
+	crihelp.RequireTools(t, "qemu-system-x86_64", "bash")
+	repo, err := crihelp.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel, initrd, err := vm.Artifacts(filepath.Join(repo, ".cache", "vm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet, Queues: 2, HandoffMode: "intercept",
+		NapitapExtra: fmt.Sprintf(`"groFlushTimeout": %d`, groFlushTimeout)})
+	n := c.node
+	c.installSeccompProfiles(repo)
+	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
+	gateway, err := crihelp.Gateway(n.Subnet)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		name       string
+		pod        string
+		seccomp    map[string]any // the pod's securityContext.seccompProfile
+		wantMerged bool
+	}{
+		{"a pod under the Localhost profile napitap/vmm.json gets NAPI queues for QEMU's by-name open", "vm-napi",
+			map[string]any{"type": "Localhost", "localhostProfile": vmmProfile}, true},
+		{"the same pod under RuntimeDefault gets plain queues", "vm-plain",
+			map[string]any{"type": "RuntimeDefault"}, false},
+	}
+	throughput := map[bool]float64{}
+	t.Cleanup(func() {
+		if throughput[true] > 0 && throughput[false] > 0 {
+			t.Logf("guest -> node peer, %d MiB, guest TSO off, TCG: Localhost vmm profile (NAPI) %.0f Mbit/s, RuntimeDefault (plain) %.0f Mbit/s: %.2fx",
+				guestSend>>20, throughput[true], throughput[false], throughput[true]/throughput[false])
+		}
+	})
+	for _, tc := range cases {
+		ok := t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			p := &vmPod{pod: pod{name: tc.pod, queues: 2}, outDir: filepath.Join(c.root, tc.pod)}
+			if err := os.MkdirAll(p.outDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
+dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
+echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
+`, gateway, guestSend/65536)
+			// The pod's IP and eth0's MAC, which the guest takes over
+			// (tc-redirect wiring), exist only once CNI ADD has run: the
+			// container fills them in (vmmWrapper).
+			guest := vm.Guest{IP: ipPlaceholder + "/24", Gateway: gateway, MAC: macPlaceholder, Script: script}
+			netdev := "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2"
+			argv := vm.QEMUArgs("/guest/"+filepath.Base(kernel), "/guest/"+filepath.Base(initrd), netdev, 2, guest, "/out/serial.log", true)
+			c.apply(c.vmManifest(p.name, tc.seccomp, filepath.Dir(kernel), p.outDir, argv))
+			c.waitVMPodRunning(p)
+			t.Logf("pod %s: Running in %v, sandbox %.12s, pod IP %s, eth0 MAC %s, netns %s",
+				p.name, time.Since(start).Round(time.Millisecond), p.sandbox, p.ip, p.mac, p.netns)
+
+			want := nodecheck.Expect{ContainerID: p.sandbox, IfName: "eth0", TapName: "tap0", Queues: 2, NAPI: true,
+				Wiring: "tc-redirect", Socket: n.Socket, Held: 0}
+			if err := nodecheck.Present(p.netns, want); err != nil {
+				t.Fatalf("pod %s: %v", p.name, err)
+			}
+			c.checkSeccomp(p, tc.wantMerged)
+			att := attachmentOf(t, n, p.sandbox)
+			attrs, err := tapsetup.ReadSysfs(p.netns, att.TapName)
+			if err != nil || attrs.GROFlushTimeout != groFlushTimeout {
+				t.Fatalf("pod %s: %s gro_flush_timeout %+v (%v), want %d", p.name, att.TapName, attrs, err, groFlushTimeout)
+			}
+
+			// The peers and the capture first, then QEMU.
+			sink := crihelp.ListenIn(t, n.NetNS, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, guestSend) })
+			source := crihelp.ListenIn(t, n.NetNS, gateway+":5002", func(c net.Conn) (int64, error) { return io.CopyN(c, crihelp.ZeroReader{}, guestRecv) })
+			capture := crihelp.StartCapture(t, p.netns, att.TapName)
+			if err := os.WriteFile(filepath.Join(p.outDir, "go"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			qemuStart := time.Now()
+			if err := c.waitQEMUExited(p, 5*time.Minute); err != nil {
+				t.Fatalf("pod %s: %v\nserial:\n%s\nQEMU's output:\n%s", p.name, err,
+					tailFile(filepath.Join(p.outDir, "serial.log"), 3000), tailFile(filepath.Join(p.outDir, "qemu.log"), 3000))
+			}
+			out := readFile(filepath.Join(p.outDir, "serial.log"))
+			for _, w := range []string{vm.MarkerUp, "PING-OK", "SENT-OK", fmt.Sprintf("RECEIVED %d", guestRecv), vm.MarkerDone + "0"} {
+				if !strings.Contains(out, w) {
+					t.Errorf("guest output lacks %q:\n%s", w, crihelp.Tail(out, 2000))
+				}
+			}
+			seen := capture.Stop()
+			throughput[tc.wantMerged] = sink.Mbits()
+			t.Logf("pod %s: QEMU ran %v; guest -> peer %.0f Mbit/s (%d bytes), peer -> guest %d bytes",
+				p.name, time.Since(qemuStart).Round(time.Millisecond), sink.Mbits(), sink.Bytes(), source.Bytes())
+			t.Logf("pod %s: tap %s (%d queues, gro_flush_timeout %d ns), guest's frames in: %v",
+				p.name, att.TapName, att.Queues, attrs.GROFlushTimeout, seen)
+			if got := sink.Bytes(); got != guestSend {
+				t.Errorf("peer received %d bytes from the guest, want %d", got, guestSend)
+			}
+			if merged := seen.MaxLen > crihelp.MaxFrame; merged != tc.wantMerged {
+				t.Errorf("GRO merged the guest's segments: %v (%v), want %v", merged, seen, tc.wantMerged)
+			}
+			listeners := c.checkAgentLog(p, tc.wantMerged)
+
+			del := time.Now()
+			c.kubectlMust("delete", "pod", "-n", podNamespace, p.name, "--wait", "--timeout=120s")
+			t.Logf("pod %s: kubectl delete took %v", p.name, time.Since(del).Round(time.Millisecond))
+			c.checkGone(p, want, listeners)
+			t.Logf("case took %v", time.Since(start).Round(time.Millisecond))
+		})
+		if !ok {
+			return // cleanup removes what is left
+		}
+	}
+	for _, line := range strings.Split(n.Napitapd.ReadLog(), "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("napitapd: %s", line)
+		}
+	}
+	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napinodevm0" {
+		t.Errorf("node netns links after the pods went: %v, want lo and napinodevm0", links)
+	}
+	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
+	}
+	if left := ipamEntries(t, n); len(left) > 0 {
+		t.Errorf("host-local still holds %v", left)
+	}
+	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
+}
+
+// vmPod is one VM pod as the test made it and the node runs it.
+type vmPod struct {
+	pod
+	outDir string // the container's /out: serial console, QEMU's output
+	mac    string // eth0's, the guest's
+}
+
+// Placeholders in QEMU's argv that vmmWrapper replaces (QEMUArgs
+// lowercases MACs).
+const (
+	ipPlaceholder  = "@pod-ip@"
+	macPlaceholder = "@eth0-mac@"
+)
+
+// vmmWrapper is the container's command (bash -c, QEMU's argv as its
+// arguments). It fills in the pod IP (downward API) and eth0's MAC (the
+// pod netns' sysfs), waits until the test has its peers and capture ready
+// (/out/go), runs QEMU and then stays until kubectl delete, so that it is
+// kubelet, not QEMU's exit, that ends the pod and runs CNI DEL. As PID 1 it
+// must trap SIGTERM to stop on it.
+const vmmWrapper = `trap 'exit 0' TERM
+mac=$(cat /sys/class/net/eth0/address)
+until [ -e /out/go ]; do sleep 0.2; done
+set -- "${@//` + ipPlaceholder + `/$POD_IP}"
+set -- "${@//` + macPlaceholder + `/$mac}"
+"$@" >/out/qemu.log 2>&1
+echo "qemu exited $?" >/out/qemu.exit
+sleep 86400 & wait
+`
+
+// vmManifest is a VM pod bound to the node: QEMU in a container of
+// vmmRef with the host's /usr, the guest's dir and outDir mounted
+// (hostPath), /dev/net/tun as a hostPath device (what KubeVirt's device
+// plugin gives virt-launcher; runc's default device rules allow it), and
+// seccomp as the pod's seccompProfile. JSON is YAML to kubectl.
+func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outDir string, argv []string) string {
+	hostPath := func(name, path, typ string) map[string]any {
+		return map[string]any{"name": name, "hostPath": map[string]any{"path": path, "type": typ}}
+	}
+	mount := func(name, path string, ro bool) map[string]any {
+		return map[string]any{"name": name, "mountPath": path, "readOnly": ro}
+	}
+	manifest := map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   map[string]any{"name": name, "namespace": podNamespace, "labels": map[string]any{"app": "napitap-vm"}},
+		"spec": map[string]any{
+			"nodeName":                      c.nodeName,
+			"automountServiceAccountToken":  false,
+			"enableServiceLinks":            false,
+			"dnsPolicy":                     "Default",
+			"restartPolicy":                 "Never",
+			"terminationGracePeriodSeconds": 10,
+			"securityContext":               map[string]any{"seccompProfile": seccomp},
+			"containers": []any{map[string]any{
+				"name":            "vmm",
+				"image":           vmmRef,
+				"imagePullPolicy": "Never",
+				"command":         []string{"/bin/bash", "-c", vmmWrapper, "vmm"},
+				"args":            argv,
+				"env": []any{map[string]any{"name": "POD_IP",
+					"valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}}},
+				"volumeMounts": []any{
+					mount("host-usr", "/usr", true),
+					mount("ld-so-cache", "/etc/ld.so.cache", true),
+					mount("guest", "/guest", true),
+					mount("out", "/out", false),
+					mount("tun", "/dev/net/tun", false),
+				},
+			}},
+			"volumes": []any{
+				hostPath("host-usr", "/usr", "Directory"),
+				hostPath("ld-so-cache", "/etc/ld.so.cache", "File"),
+				hostPath("guest", guestDir, "Directory"),
+				hostPath("out", outDir, "Directory"),
+				hostPath("tun", "/dev/net/tun", "CharDevice"),
+			},
+		},
+	}
+	b, err := json.MarshalIndent(manifest, "", "  ")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// waitVMPodRunning waits until the pod is Ready and fills in what the node
+// made of it: sandbox, netns, IP, eth0's MAC.
+func (c *cluster) waitVMPodRunning(p *vmPod) {
+	t := c.t
+	t.Helper()
+	if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout=180s"); err != nil {
+		c.describe(p.name)
+		t.Fatal(err)
+	}
+	st, err := c.getPod(p.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.uid = st.Metadata.UID
+	ids, err := c.sandboxOf(p.uid)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("pod %s: sandboxes %v (%v), want one", p.name, ids, err)
+	}
+	p.sandbox = ids[0]
+	c.node.Track(p.sandbox)
+	sb, err := c.node.InspectSandbox(p.sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.netns, p.ip = sb.NetNS, sb.IP
+	if st.Status.PodIP != p.ip.String() {
+		t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
+	}
+	err = ns.WithNetNSPath(p.netns, func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err == nil {
+			p.mac = l.Attrs().HardwareAddr.String()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSeccomp: kubelet resolved the pod's profile and containerd put it,
+// listenerPath included, into the OCI spec of the vmm container (crictl
+// inspect); RuntimeDefault is a filter too, without a listener.
+func (c *cluster) checkSeccomp(p *vmPod, localhost bool) {
+	t := c.t
+	t.Helper()
+	st, err := c.getPod(p.name)
+	if err != nil || len(st.Status.ContainerStatuses) != 1 {
+		t.Fatalf("pod %s: %+v (%v)", p.name, st, err)
+	}
+	id := strings.TrimPrefix(st.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := c.node.CrictlRun("inspect", "-o", "json", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inspect struct {
+		Info struct {
+			RuntimeSpec struct {
+				Linux struct {
+					Seccomp *struct {
+						DefaultAction    string
+						ListenerPath     string
+						ListenerMetadata string
+						Syscalls         []struct{ Action string }
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(out, &inspect); err != nil {
+		t.Fatalf("crictl inspect %s: %v", id, err)
+	}
+	sc := inspect.Info.RuntimeSpec.Linux.Seccomp
+	if sc == nil {
+		t.Fatalf("pod %s: container %.12s runs without seccomp", p.name, id)
+	}
+	notify := 0
+	for _, r := range sc.Syscalls {
+		if r.Action == "SCMP_ACT_NOTIFY" {
+			notify++
+		}
+	}
+	t.Logf("pod %s: container vmm %.12s seccomp: default %s, %d rules, %d notify, listenerPath %q", p.name, id, sc.DefaultAction, len(sc.Syscalls), notify, sc.ListenerPath)
+	sock := c.node.Napitapd.SeccompSocket
+	switch {
+	case sc.DefaultAction != "SCMP_ACT_ERRNO":
+		t.Errorf("default action %s, want SCMP_ACT_ERRNO", sc.DefaultAction)
+	case localhost && (sc.ListenerPath != sock || sc.ListenerMetadata != "vmm" || notify != 1):
+		t.Errorf("listenerPath %q metadata %q with %d notify rules, want %q, vmm and 1", sc.ListenerPath, sc.ListenerMetadata, notify, sock)
+	case !localhost && (sc.ListenerPath != "" || notify != 0):
+		t.Errorf("RuntimeDefault has listenerPath %q and %d notify rules", sc.ListenerPath, notify)
+	}
+}
+
+// attachmentOf is napitapd's record of the sandbox's eth0.
+func attachmentOf(t *testing.T, n *crihelp.Node, sandbox string) handoff.Attachment {
+	t.Helper()
+	atts, err := (&handoff.Client{Socket: n.Socket}).List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range atts {
+		if a.ContainerID == sandbox && a.IfName == "eth0" {
+			return a
+		}
+	}
+	t.Fatalf("napitapd has no attachment of %.12s/eth0: %+v", sandbox, atts)
+	return handoff.Attachment{}
+}
+
+// waitQEMUExited waits for vmmWrapper's word that QEMU exited (the guest
+// powered off) with status 0, failing early should the container stop.
+func (c *cluster) waitQEMUExited(p *vmPod, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	exitFile := filepath.Join(p.outDir, "qemu.exit")
+	for i := 0; ; i++ {
+		if b, err := os.ReadFile(exitFile); err == nil {
+			if got := strings.TrimSpace(string(b)); got != "qemu exited 0" {
+				return errors.New(got)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("QEMU still running after %v", timeout)
+		}
+		if i%20 == 19 { // every 10 s
+			st, err := c.getPod(p.name)
+			if err != nil {
+				return err
+			}
+			if len(st.Status.ContainerStatuses) != 1 || !st.Status.ContainerStatuses[0].Ready {
+				return fmt.Errorf("container stopped before QEMU exited: %+v", st.Status)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// installSeccompProfiles runs the DaemonSet's install-seccomp-profiles
+// init container's command, taken from deploy/base/daemonset.yaml, on this
+// node: napitapctl from the test's build, the kubelet-seccomp volume's
+// mount path translated to the test kubelet's seccomp dir (its
+// --root-dir's, as /var/lib/kubelet/seccomp is a default kubelet's), and
+// the listener to the test napitapd's seccomp socket. vmmProfile must be
+// among what it installs, naming that socket.
+func (c *cluster) installSeccompProfiles(repo string) {
+	t := c.t
+	t.Helper()
+	out := c.kubectlMust("create", "--dry-run=client", "-o", "json", "-f", filepath.Join(repo, "deploy", "base", "daemonset.yaml"))
+	var ds struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					InitContainers []struct {
+						Name         string
+						Command      []string
+						VolumeMounts []struct{ Name, MountPath string }
+					}
+					Volumes []struct {
+						Name     string
+						HostPath *struct{ Path string }
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &ds); err != nil {
+		t.Fatalf("the DaemonSet as kubectl reads it: %v", err)
+	}
+	spec := ds.Spec.Template.Spec
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	const kubeletRoot = "/var/lib/kubelet" // a default kubelet's --root-dir
+	var argv []string
+	for _, ic := range spec.InitContainers {
+		if ic.Name != "install-seccomp-profiles" {
+			continue
+		}
+		if len(ic.Command) == 0 || filepath.Base(ic.Command[0]) != "napitapctl" {
+			t.Fatalf("install-seccomp-profiles runs %q, not napitapctl", ic.Command)
+		}
+		argv = append([]string{filepath.Join(binDir, "napitapctl")}, ic.Command[1:]...)
+		for i, a := range argv {
+			if _, ok := strings.CutPrefix(a, "--listener="); ok {
+				argv[i] = "--listener=" + c.node.Napitapd.SeccompSocket
+				continue
+			}
+			for _, m := range ic.VolumeMounts {
+				rest, ok := strings.CutPrefix(a, "--install="+m.MountPath)
+				host, under := strings.CutPrefix(hostPaths[m.Name], kubeletRoot)
+				if ok && under {
+					argv[i] = "--install=" + filepath.Join(c.kubeletRoot, host, rest)
+				}
+			}
+		}
+	}
+	if argv == nil {
+		t.Fatal("the DaemonSet has no install-seccomp-profiles init container")
+	}
+	if !slices.Contains(argv, "--listener="+c.node.Napitapd.SeccompSocket) {
+		t.Fatalf("install-seccomp-profiles as run here, %q, names no listener", argv)
+	}
+	got, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	t.Logf("the DaemonSet's install-seccomp-profiles, as %q:\n%s", argv, strings.TrimSpace(string(got)))
+	if err != nil {
+		t.Fatalf("install-seccomp-profiles: %v", err)
+	}
+	path := filepath.Join(c.kubeletRoot, "seccomp", vmmProfile)
+	var profile struct{ ListenerPath string }
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(b, &profile)
+	}
+	if err != nil || profile.ListenerPath != c.node.Napitapd.SeccompSocket {
+		t.Fatalf("%s: listenerPath %q (%v), want %s", path, profile.ListenerPath, err, c.node.Napitapd.SeccompSocket)
+	}
+}
+
+// checkAgentLog: under the profile, runc's listener for the vmm container
+// reached napitapd with the pod's CRI annotations and both of QEMU's
+// queues were attached with NAPI; without it, napitapd heard nothing from
+// the pod. It returns the listeners napitapd served for the pod, by the
+// name its log gives them.
+func (c *cluster) checkAgentLog(p *vmPod, napi bool) []string {
+	t := c.t
+	t.Helper()
+	log := c.node.Napitapd.ReadLog()
+	from := regexp.MustCompile(`msg="serving seccomp listener" from="(pod ` + regexp.QuoteMeta(podNamespace+"/"+p.name) + ` [^"\\]*(?:\\.[^"\\]*)*)"`)
+	var served, vmm, attached []string
+	for _, line := range strings.Split(log, "\n") {
+		if m := from.FindStringSubmatch(line); m != nil {
+			served = append(served, m[1])
+			if strings.Contains(line, `container \"vmm\"`) {
+				vmm = append(vmm, line)
+			}
+			t.Logf("napitapd: %s", line)
+		}
+		if strings.Contains(line, `msg="attached the caller's queue with NAPI"`) && strings.Contains(line, "attachment="+p.sandbox+"/eth0") {
+			attached = append(attached, line)
+			t.Logf("napitapd: %s", line)
+		}
+	}
+	if !napi {
+		if len(served)+len(attached) > 0 {
+			t.Errorf("napitapd served a pod without the profile: %q", append(served, attached...))
+		}
+		return served
+	}
+	if len(vmm) != 1 {
+		t.Errorf("napitapd logged %d listeners from runc for %s's vmm container, want 1:\n%s", len(vmm), p.name, crihelp.Tail(log, 3000))
+	} else {
+		for _, want := range []string{"sandbox_id=" + p.sandbox, "sandbox_uid=" + p.uid, "metadata=vmm", "status=creating"} {
+			if !strings.Contains(vmm[0], want) {
+				t.Errorf("listener line lacks %q: %s", want, vmm[0])
+			}
+		}
+	}
+	if len(attached) != 2 || !strings.Contains(strings.Join(attached, "\n"), "tap=tap0") {
+		t.Errorf("napitapd attached %d of QEMU's queues with NAPI, want 2:\n%s", len(attached), crihelp.Tail(log, 3000))
+	}
+	return served
+}
+
+// checkGone: after kubectl delete, no tap, no attachment, no address, and
+// napitapd has let go of every listener it served for the pod, each with a
+// log line saying so.
+func (c *cluster) checkGone(p *vmPod, want nodecheck.Expect, listeners []string) {
+	t := c.t
+	t.Helper()
+	n := c.node
+	if err := crihelp.Poll(30*time.Second, func() error { return nodecheck.Gone(p.netns, want) }); err != nil {
+		t.Errorf("pod %s after kubectl delete: %v", p.name, err)
+	}
+	if out, err := n.CrictlRun("pods", "--id", p.sandbox, "--state", "ready", "-q"); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("pod %s: sandbox %.12s still ready (%v)", p.name, p.sandbox, err)
+	}
+	if atts, err := (&handoff.Client{Socket: n.Socket}).List(); err != nil || len(atts) > 0 {
+		t.Errorf("napitapd after kubectl delete holds %+v (%v), want nothing", atts, err)
+	}
+	for ip, id := range ipamEntries(t, n) {
+		if id == p.sandbox {
+			t.Errorf("host-local still holds %s for pod %s", ip, p.name)
+		}
+	}
+	// A listener goes when the last process under its filter has been
+	// reaped.
+	var held int
+	err := crihelp.Poll(30*time.Second, func() (err error) {
+		if held, err = n.Napitapd.SeccompListeners(); err == nil && held > 0 {
+			err = fmt.Errorf("napitapd holds %d seccomp listeners", held)
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("after kubectl delete of pod %s: %v", p.name, err)
+	}
+	log := n.Napitapd.ReadLog()
+	for _, l := range listeners {
+		done := `msg="seccomp listener done: every process under its filter has exited" listener="` + l + `"`
+		var line string
+		for _, s := range strings.Split(log, "\n") {
+			if strings.Contains(s, done) {
+				line = s
+			}
+		}
+		if line == "" {
+			t.Errorf("napitapd did not log that it let the listener of %s go:\n%s", l, crihelp.Tail(log, 3000))
+		} else {
+			t.Logf("napitapd: %s", line)
+		}
+	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+func tailFile(p string, n int) string { return crihelp.Tail(readFile(p), n) }
