@@ -10,16 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/pkg/config"
@@ -163,7 +159,7 @@ type trafficResult struct {
 
 // merged: a frame longer than the MTU left the tap, so GRO merged the
 // guest's segments: NAPI (DESIGN.md fact 10).
-func (r trafficResult) merged() bool { return r.maxLen > 1514 }
+func (r trafficResult) merged() bool { return r.maxLen > crihelp.MaxFrame }
 
 // bulk is what the guest sends and receives over TCP.
 const bulk = 8 << 20
@@ -198,11 +194,11 @@ func runGuestTraffic(t *testing.T, handoffMode string, boot guestBoot) trafficRe
 	guestIf, guestIP := cnitest.GuestOf(t, res, e.ContainerID)
 	gateway := guestIP.Gateway.String()
 
-	sink := listenInHost(t, e, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, bulk) })
-	source := listenInHost(t, e, gateway+":5002", func(c net.Conn) (int64, error) {
-		return io.CopyN(c, zeroReader{}, bulk)
+	sink := crihelp.ListenIn(t, e.Host, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, bulk) })
+	source := crihelp.ListenIn(t, e.Host, gateway+":5002", func(c net.Conn) (int64, error) {
+		return io.CopyN(c, crihelp.ZeroReader{}, bulk)
 	})
-	capture := startCapture(t, e.Pod.Path(), "tap0")
+	capture := crihelp.StartCapture(t, e.Pod.Path(), "tap0")
 
 	script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
@@ -230,16 +226,17 @@ sleep 4
 			t.Errorf("guest output lacks %q:\n%s", want, tail(out, 2000))
 		}
 	}
-	r := trafficResult{out: sink.mbits(), in: source.mbits()}
+	r := trafficResult{out: sink.Mbits(), in: source.Mbits()}
 	t.Logf("guest -> peer %.0f Mbit/s, peer -> guest %.0f Mbit/s", r.out, r.in)
-	if n := sink.bytes(); n != bulk {
+	if n := sink.Bytes(); n != bulk {
 		t.Errorf("peer received %d bytes from the guest, want %d", n, bulk)
 	}
-	if n := source.bytes(); n != bulk {
+	if n := source.Bytes(); n != bulk {
 		t.Errorf("peer sent %d bytes to the guest, want %d", n, bulk)
 	}
-	r.frames, r.maxLen = capture.stop()
-	t.Logf("tap0 ingress: %d frames, longest %d bytes", r.frames, r.maxLen)
+	seen := capture.Stop()
+	r.frames, r.maxLen = seen.Frames, seen.MaxLen
+	t.Logf("tap0 ingress: %s", seen)
 	if err := v.Stop(); err != nil {
 		t.Logf("stop: %v", err)
 	}
@@ -320,120 +317,6 @@ func cacheDir(t *testing.T) string {
 	}
 	return dir
 }
-
-type zeroReader struct{}
-
-func (zeroReader) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
-
-// peer is a TCP server in the host netns that serves one connection.
-// peer counts what one connection moved and how long it took.
-type peer struct {
-	n       atomic.Int64
-	elapsed atomic.Int64 // ns from accept to the end of serve
-}
-
-func (p *peer) bytes() int64 { return p.n.Load() }
-
-// mbits is the connection's throughput in Mbit/s.
-func (p *peer) mbits() float64 {
-	if p.elapsed.Load() == 0 {
-		return 0
-	}
-	return float64(p.n.Load()*8) / float64(p.elapsed.Load()) * 1e3
-}
-
-func listenInHost(t *testing.T, e *cnitest.Env, addr string, serve func(net.Conn) (int64, error)) *peer {
-	t.Helper()
-	var l net.Listener
-	e.Host.Run(t, func() (err error) {
-		l, err = net.Listen("tcp4", addr)
-		return err
-	})
-	p := &peer{}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		start := time.Now()
-		n, _ := serve(c)
-		p.elapsed.Store(int64(time.Since(start)))
-		p.n.Store(n)
-	}()
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	return p
-}
-
-// capture counts what enters the pod netns from the tap (the guest's
-// frames) as AF_PACKET sees it: after GRO.
-type capture struct {
-	fd     int
-	frames atomic.Int64
-	maxLen atomic.Int64
-	done   chan struct{}
-}
-
-func startCapture(t *testing.T, netnsPath, ifName string) *capture {
-	t.Helper()
-	c := &capture{done: make(chan struct{})}
-	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
-		link, err := netlink.LinkByName(ifName)
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		if c.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
-			return err
-		}
-		return unix.Bind(c.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: link.Attrs().Index})
-	})
-	if err != nil {
-		t.Fatalf("capture on %s in %s: %v", ifName, netnsPath, err)
-	}
-	_ = unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200_000})
-	go func() {
-		defer close(c.done)
-		buf := make([]byte, 128)
-		for {
-			n, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
-			if err == unix.EAGAIN || err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return
-			}
-			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-				continue
-			}
-			c.frames.Add(1)
-			if int64(n) > c.maxLen.Load() {
-				c.maxLen.Store(int64(n))
-			}
-		}
-	}()
-	t.Cleanup(func() { c.stop() })
-	return c
-}
-
-var stopOnce sync.Map
-
-func (c *capture) stop() (frames, maxLen int64) {
-	if _, loaded := stopOnce.LoadOrStore(c, true); !loaded {
-		_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
-		unix.Close(c.fd)
-		<-c.done
-	}
-	return c.frames.Load(), c.maxLen.Load()
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 func tail(s string, n int) string {
 	if len(s) > n {
