@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 func TestAManagedTapGetsNAPIQueuesOnlyThroughTheAgent(t *testing.T) {
@@ -416,4 +418,46 @@ func TestOnlyATapMarkedAsTheAttachmentsGetsNAPI(t *testing.T) {
 			ta.waitIdle(t)
 		})
 	}
+}
+
+// TestNAPIKnobsHoldForQueuesTheRuntimeAttaches: ADD sets the tap's NAPI
+// knobs while its own queues are attached, then closes them; the queues a
+// runtime attaches later through the agent are threaded (one kernel thread
+// each) and merge under the tap's gro_flush_timeout.
+func TestNAPIKnobsHoldForQueuesTheRuntimeAttaches(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	const tap = "napisck"
+	flush := uint64(200_000)
+	pod.Run(t, func() error {
+		link, queues, err := tapsetup.Create(tapsetup.Spec{Name: tap, Queues: 1, VnetHdrSize: vnetHdrLen,
+			Flags: tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true, NAPI: true}})
+		if err != nil {
+			return err
+		}
+		defer tapsetup.CloseQueues(queues)
+		if err := netlink.LinkSetUp(link); err != nil {
+			return err
+		}
+		// While every queue is attached (DESIGN.md fact 9); never off.
+		return tapsetup.ApplyNAPIKnobs(pod.Path(), tap, tapsetup.NAPIKnobs{Threaded: true, GROFlushTimeout: &flush})
+	})
+	t.Cleanup(func() { _ = pod.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(tap, "") }) })
+	ta := startAgent(t, slog.LevelWarn)
+	ta.manage(t, pod, tap, Target{NAPI: true, MultiQueue: true})
+
+	const queues = 4
+	res := runTargetProc(t, targetSpec{Netns: pod.Path(), Tap: tap, Queues: queues, Flags: qemuFlags, Probe: true, Threads: true}, ta.socket)
+	for i, e := range res.Errnos {
+		if e != 0 {
+			t.Fatalf("queue %d: TUNSETIFF: %v", i, unix.Errno(e))
+		}
+	}
+	if res.NAPIThreads != queues {
+		t.Errorf("%d napi/%s-* kernel threads while %d queues were attached, want one per queue", res.NAPIThreads, tap, queues)
+	}
+	if !res.Merged {
+		t.Errorf("GRO probe: frame lengths %v, want one merged skb under gro_flush_timeout", res.SKBLens)
+	}
+	t.Logf("%d threaded NAPI instances; GRO probe frame lengths %v", res.NAPIThreads, res.SKBLens)
 }

@@ -124,20 +124,24 @@ type targetSpec struct {
 	Groups   []int
 	Again    bool // TUNSETIFF once more on the first queue
 	Probe    bool // GRO probe on the last queue
+	// Count the tap's threaded-NAPI kernel threads while the queues are
+	// attached.
+	Threads bool
 	// Cycles of open, TUNSETIFF, TUNGETIFF, close before all that,
 	// each TUNSETIFF timed.
 	Cycles int
 }
 
 type targetResult struct {
-	Errnos     []int    // TUNSETIFF per queue: 0 or the errno
-	Flags      []uint16 // TUNGETIFF per queue where attached
-	Again      int      // errno of the repeated TUNSETIFF
-	Merged     bool
-	SKBLens    []int
-	CycleNAPI  int     // cycles whose queue reported IFF_NAPI
-	CycleErrs  []int   // errnos of cycles that failed
-	CycleNanos []int64 // each cycle's TUNSETIFF
+	Errnos      []int    // TUNSETIFF per queue: 0 or the errno
+	Flags       []uint16 // TUNGETIFF per queue where attached
+	Again       int      // errno of the repeated TUNSETIFF
+	Merged      bool
+	SKBLens     []int
+	CycleNAPI   int     // cycles whose queue reported IFF_NAPI
+	CycleErrs   []int   // errnos of cycles that failed
+	CycleNanos  []int64 // each cycle's TUNSETIFF
+	NAPIThreads int     // kernel threads "napi/<tap>-<id>"
 }
 
 func errnoOf(err error) int {
@@ -247,10 +251,27 @@ func runTarget() int {
 		}
 		res.Merged, res.SKBLens = pr.Merged(), pr.SKBLens
 	}
+	if spec.Threads {
+		res.NAPIThreads = napiThreads(spec.Tap)
+	}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return fail("%v", err)
 	}
 	return 0
+}
+
+// napiThreads counts the kernel threads of tap's threaded NAPI instances,
+// named "napi/<tap>-<napi id>".
+func napiThreads(tap string) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
+		if err == nil && strings.HasPrefix(string(comm), "napi/"+tap+"-") {
+			n++
+		}
+	}
+	return n
 }
 
 // registryEntry is one managed tap of a helper agent.
