@@ -3,8 +3,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -498,10 +500,26 @@ func attachmentOf(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gue
 		Wiring:      conf.Wiring,
 		Bridge:      conf.Bridge,
 	}
-	if guestMAC != nil {
-		att.MAC = guestMAC.String()
+	if guestMAC == nil {
+		// A standalone tap has no pod interface to take a MAC from, yet
+		// the VMM needs one for the guest ({mac}).
+		guestMAC = standaloneGuestMAC(args.ContainerID, args.IfName, tap.Attrs().HardwareAddr)
 	}
+	att.MAC = guestMAC.String()
 	return att
+}
+
+// standaloneGuestMAC is the guest's MAC behind a tap of wiring "none": a
+// locally administered unicast MAC derived from the attachment, so it stays
+// the same across napitapd restarts and refetches, and never the tap's own.
+func standaloneGuestMAC(containerID, ifName string, tapMAC net.HardwareAddr) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("napitap-guest-mac:" + containerID + "/" + ifName))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = mac[0]&^0x01 | 0x02
+	if bytes.Equal(mac, tapMAC) {
+		mac[5] ^= 0x01
+	}
+	return mac
 }
 
 func attachment(args *skel.CmdArgs, finalResult bool) config.Attachment {
