@@ -1,4 +1,11 @@
 # napitap: NAPI multiqueue taps for VM pods.
+# sudo's secure_path drops /usr/local/go/bin, where Go's tarball puts go:
+# look there when go is not on PATH, so `sudo make demo` works as written.
+# Exported, for the tests that run `go build` themselves.
+ifeq ($(shell command -v go 2>/dev/null),)
+export PATH := $(PATH):/usr/local/go/bin
+GO        ?= /usr/local/go/bin/go
+endif
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)

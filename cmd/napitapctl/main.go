@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,18 +90,9 @@ func execCmd(client *handoff.Client, args []string) error {
 	if err != nil {
 		return err
 	}
-	nums := make([]string, len(files))
-	for i := range files {
-		nums[i] = strconv.Itoa(3 + i) // ExtraFiles[i] becomes fd 3+i
-	}
-	expand := strings.NewReplacer(
-		"{fds}", strings.Join(nums, ":"), // QEMU: fds=3:4
-		"{fds,}", strings.Join(nums, ","), // Cloud Hypervisor: fd=[3,4]
-		"{queues}", strconv.Itoa(att.Queues),
-		"{mac}", att.MAC,
-	)
-	for i, a := range argv {
-		argv[i] = expand.Replace(a)
+	if argv, err = expandArgs(att, len(files), argv); err != nil {
+		closeAll(files)
+		return err
 	}
 	// A child, not an exec of this process: os/exec places the fds after
 	// fork, where no Go runtime fd can be in the way.
@@ -128,6 +120,31 @@ func execCmd(client *handoff.Client, args []string) error {
 		os.Exit(exitErr.ExitCode())
 	}
 	return err
+}
+
+// expandArgs replaces the placeholders in argv for att, whose n queues
+// become fds 3, 4, ... (ExtraFiles[i] is fd 3+i).
+func expandArgs(att *handoff.Attachment, n int, argv []string) ([]string, error) {
+	nums := make([]string, n)
+	for i := range nums {
+		nums[i] = strconv.Itoa(3 + i)
+	}
+	// An empty MAC would reach the VMM as "mac=", which QEMU refuses with
+	// a message that names neither napitap nor the attachment.
+	if att.MAC == "" && slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, "{mac}") }) {
+		return nil, fmt.Errorf("{mac}: napitapd has no guest MAC for attachment %s (tap %q), which an older napitap recorded: write the guest's MAC in place of {mac}", att.Key, att.TapName)
+	}
+	expand := strings.NewReplacer(
+		"{fds}", strings.Join(nums, ":"), // QEMU: fds=3:4
+		"{fds,}", strings.Join(nums, ","), // Cloud Hypervisor: fd=[3,4]
+		"{queues}", strconv.Itoa(att.Queues),
+		"{mac}", att.MAC,
+	)
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = expand.Replace(a)
+	}
+	return out, nil
 }
 
 func launch(args []string) error {

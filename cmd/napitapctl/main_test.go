@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
@@ -80,6 +82,43 @@ func TestLaunch(t *testing.T) {
 			}
 			if tc.wantCode == 1 && strings.Contains(out, "ran") {
 				t.Errorf("the command ran: %q", out)
+			}
+		})
+	}
+}
+
+func TestExpandArgs(t *testing.T) {
+	withMAC := &handoff.Attachment{Key: handoff.Key{ContainerID: "c1", IfName: "net1"}, TapName: "tap1", Queues: 2, MAC: "02:00:00:00:00:aa"}
+	noMAC := &handoff.Attachment{Key: handoff.Key{ContainerID: "c1", IfName: "net1"}, TapName: "tap1", Queues: 2}
+	tests := []struct {
+		name    string
+		att     *handoff.Attachment
+		argv    []string
+		want    []string
+		wantErr string
+	}{
+		{"QEMU's placeholders become fds, the queue count and the guest MAC", withMAC,
+			[]string{"qemu", "-netdev", "tap,id=n0,fds={fds},queues={queues}", "-device", "virtio-net-pci,netdev=n0,mac={mac}"},
+			[]string{"qemu", "-netdev", "tap,id=n0,fds=3:4,queues=2", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:aa"}, ""},
+		{"Cloud Hypervisor's fd list is comma-separated", withMAC,
+			[]string{"cloud-hypervisor", "--net", "fd=[{fds,}],mac={mac}"},
+			[]string{"cloud-hypervisor", "--net", "fd=[3,4],mac=02:00:00:00:00:aa"}, ""},
+		{"an attachment without a MAC serves a command line that does not ask for one", noMAC,
+			[]string{"qemu", "fds={fds}"}, []string{"qemu", "fds=3:4"}, ""},
+		{"an attachment without a MAC fails {mac} naming the attachment, not with an empty mac=", noMAC,
+			[]string{"qemu", "mac={mac}"}, nil, `{mac}: napitapd has no guest MAC for attachment c1/net1 (tap "tap1")`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := expandArgs(tc.att, 2, tc.argv)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("expandArgs = %q, %v; want an error with %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("expandArgs = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}

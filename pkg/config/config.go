@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/katadan"
@@ -498,6 +499,27 @@ func (c *Config) RequireAddable() error {
 		return invalid("vnetHdr", "false cannot hold with \"handoff\" mode %q: the runtime opens the tap by name and its TUNSETIFF decides IFF_VNET_HDR", c.HandoffMode)
 	}
 	return c.requirePeer()
+}
+
+// KernelNeeds lists what the config asks of the kernel, each with the
+// field that asks, for STATUS, ADD and CHECK to probe (tapsetup.RequireKernel).
+// Only what the config sets: CHECK must not fail on a knob it leaves alone.
+func (c *Config) KernelNeeds() []tapsetup.KernelNeed {
+	var needs []tapsetup.KernelNeed
+	add := func(on bool, n tapsetup.KernelNeed) {
+		if on {
+			needs = append(needs, n)
+		}
+	}
+	add(c.Queues > 1, tapsetup.KernelNeed{Field: "queues", Feature: unix.IFF_MULTI_QUEUE, What: "IFF_MULTI_QUEUE (Linux 3.8+)", Fix: "use 1 queue"})
+	add(c.VnetHdr, tapsetup.KernelNeed{Field: "vnetHdr", Feature: unix.IFF_VNET_HDR, What: "IFF_VNET_HDR"})
+	add(c.NAPI, tapsetup.KernelNeed{Field: "napi", Feature: unix.IFF_NAPI, What: "IFF_NAPI (Linux 4.15+)", Fix: `set "napi": false for plain queues`})
+	add(c.NAPIFrags, tapsetup.KernelNeed{Field: "napiFrags", Feature: unix.IFF_NAPI_FRAGS, What: "IFF_NAPI_FRAGS (Linux 4.15+)", Fix: `leave "napiFrags" out`})
+	add(c.ThreadedNAPI, tapsetup.KernelNeed{Field: "threadedNapi", Attr: "threaded", What: "threaded NAPI (Linux 5.12+)",
+		Fix: `set "threadedNapi": false (it is on by default with "napi")`})
+	add(c.GROFlushTimeout != nil, tapsetup.KernelNeed{Field: "groFlushTimeout", Attr: "gro_flush_timeout", What: "gro_flush_timeout (Linux 3.19+)", Fix: `leave "groFlushTimeout" out`})
+	add(c.NAPIDeferHardIRQs != nil, tapsetup.KernelNeed{Field: "napiDeferHardIrqs", Attr: "napi_defer_hard_irqs", What: "napi_defer_hard_irqs (Linux 5.10+)", Fix: `leave "napiDeferHardIrqs" out`})
+	return needs
 }
 
 // RuntimeOpensByName: the runtime attaches the tap's queues itself, so the

@@ -1,7 +1,9 @@
 package tapsetup
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,41 +63,60 @@ func ApplyNAPIKnobs(netnsPath, name string, knobs NAPIKnobs) error {
 
 // ReadSysfs reads the sysfs attributes of tap name in the netns at netnsPath.
 func ReadSysfs(netnsPath, name string) (*SysfsAttrs, error) {
-	var a SysfsAttrs
-	err := inNetnsSysfs(netnsPath, func(sys string) error {
-		dir := filepath.Join(sys, "class/net", name)
-		read := func(attr string, base int, bits int) (int64, error) {
-			raw, err := os.ReadFile(filepath.Join(dir, attr))
-			if err != nil {
-				return 0, err
-			}
-			s := strings.TrimSpace(string(raw))
-			if base == 16 {
-				s = strings.TrimPrefix(s, "0x")
-				v, err := strconv.ParseUint(s, 16, bits)
-				return int64(v), err
-			}
-			return strconv.ParseInt(s, base, bits)
-		}
-		var vals [6]int64
-		for i, attr := range []struct {
-			name       string
-			base, bits int
-		}{{"tun_flags", 16, 32}, {"owner", 10, 64}, {"group", 10, 64}, {"threaded", 10, 8}, {"gro_flush_timeout", 10, 64}, {"napi_defer_hard_irqs", 10, 64}} {
-			v, err := read(attr.name, attr.base, attr.bits)
-			if err != nil {
-				return fmt.Errorf("read %s: %w", attr.name, err)
-			}
-			vals[i] = v
-		}
-		a = SysfsAttrs{TunFlags: uint32(vals[0]), Owner: vals[1], Group: vals[2], Threaded: vals[3] != 0,
-			GROFlushTimeout: uint64(vals[4]), DeferHardIRQs: uint32(vals[5])}
-		return nil
+	var a *SysfsAttrs
+	err := inNetnsSysfs(netnsPath, func(sys string) (err error) {
+		a, err = ReadSysfsDir(filepath.Join(sys, "class/net", name))
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &a, nil
+	return a, nil
+}
+
+// ReadSysfsDir reads the attributes from dir, a /sys/class/net/<tap>
+// directory. A NAPI knob the kernel does not have (threaded before 5.12,
+// napi_defer_hard_irqs before 5.10) reads as the kernel's behaviour, off or
+// 0: CHECK compares only the knobs a config sets, and STATUS and ADD refuse
+// a config that sets one the kernel lacks.
+func ReadSysfsDir(dir string) (*SysfsAttrs, error) {
+	read := func(attr string, base, bits int, optional bool) (int64, error) {
+		raw, err := os.ReadFile(filepath.Join(dir, attr))
+		if optional && errors.Is(err, fs.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", attr, err)
+		}
+		s := strings.TrimSpace(string(raw))
+		var v int64
+		if base == 16 {
+			var u uint64
+			u, err = strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, bits)
+			v = int64(u)
+		} else {
+			v, err = strconv.ParseInt(s, base, bits)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", attr, err)
+		}
+		return v, nil
+	}
+	var vals [6]int64
+	for i, attr := range []struct {
+		name       string
+		base, bits int
+		optional   bool
+	}{{"tun_flags", 16, 32, false}, {"owner", 10, 64, false}, {"group", 10, 64, false},
+		{"threaded", 10, 8, true}, {"gro_flush_timeout", 10, 64, true}, {"napi_defer_hard_irqs", 10, 64, true}} {
+		v, err := read(attr.name, attr.base, attr.bits, attr.optional)
+		if err != nil {
+			return nil, err
+		}
+		vals[i] = v
+	}
+	return &SysfsAttrs{TunFlags: uint32(vals[0]), Owner: vals[1], Group: vals[2], Threaded: vals[3] != 0,
+		GROFlushTimeout: uint64(vals[4]), DeferHardIRQs: uint32(vals[5])}, nil
 }
 
 func writeAttr(dir, attr, value string) error {

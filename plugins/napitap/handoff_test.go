@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -209,5 +210,41 @@ func TestDelWithNapitapdDownIsSweptLater(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(d.stateDir, "*")); len(left) != 0 {
 		t.Errorf("state files left: %v", left)
+	}
+}
+
+// TestStandaloneTapGetsAGuestMAC: with wiring "none" there is no pod
+// interface to take a MAC from, so napitapd must still hand out one for
+// napitapctl's {mac}: locally administered unicast, not the tap's, and the
+// same for the same attachment after DEL and ADD again.
+func TestStandaloneTapGetsAGuestMAC(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	d := startNapitapd(t, "")
+	list := e.List("1.1.0", `{"type":"napitap","queues":2,"wiring":"none",`+handoffConf(d.socket, true)+`}`)
+	rt := e.RT("tap0")
+	var macs []string
+	for round := range 2 {
+		e.MustAdd(list, rt)
+		atts, err := d.client().List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(atts) != 1 {
+			t.Fatalf("round %d: napitapd holds %+v, want one attachment", round, atts)
+		}
+		mac, err := net.ParseMAC(atts[0].MAC)
+		if err != nil || mac[0]&0x03 != 0x02 {
+			t.Errorf("round %d: guest MAC %q, want a locally administered unicast MAC", round, atts[0].MAC)
+		}
+		if tapMAC := e.InspectTap("tap0").Link.Attrs().HardwareAddr.String(); atts[0].MAC == tapMAC {
+			t.Errorf("round %d: guest MAC %s is the tap's own", round, tapMAC)
+		}
+		macs = append(macs, atts[0].MAC)
+		if err := e.Del(list, rt); err != nil {
+			t.Fatalf("DEL: %v", err)
+		}
+	}
+	if macs[0] != macs[1] {
+		t.Errorf("guest MACs %v: want the same for the same attachment", macs)
 	}
 }

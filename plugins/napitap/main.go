@@ -3,8 +3,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -48,8 +50,8 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := conf.RequireAddable(); err != nil {
 		return err
 	}
-	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	if err := requireKernel(conf); err != nil {
+		return err
 	}
 	netns, err := openNetNS(args.Netns)
 	if err != nil {
@@ -399,6 +401,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err := conf.RequireAddable(); err != nil {
 		return err
 	}
+	if err := requireKernel(conf); err != nil {
+		return err
+	}
 	netns, err := openNetNS(args.Netns)
 	if err != nil {
 		return err
@@ -425,8 +430,8 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := tapsetup.CheckFeatures(queueFlags(conf)); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	if err := requireKernel(conf); err != nil {
+		return err
 	}
 	// With the hand-off required, ADD cannot work without napitapd.
 	if conf.HandoffRequired {
@@ -461,6 +466,21 @@ func cmdGC(args *skel.CmdArgs) error {
 	return nil
 }
 
+// requireKernel fails with code 50 (plugin not available) naming the config
+// field when this kernel cannot serve conf, before anything is made.
+// TUNSETIFF drops flags it does not know without a word (DESIGN.md fact
+// 11), and a missing sysfs knob would only fail after the tap exists.
+func requireKernel(conf *config.Config) error {
+	features, err := tapsetup.Features()
+	if err == nil {
+		err = tapsetup.RequireKernel(conf.KernelNeeds(), features, tapsetup.ProbeDevDir)
+	}
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	return nil
+}
+
 // attachmentOf describes the attachment for napitapd and the runtime.
 func attachmentOf(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, guestMAC net.HardwareAddr) *handoff.Attachment {
 	att := &handoff.Attachment{
@@ -480,10 +500,26 @@ func attachmentOf(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gue
 		Wiring:      conf.Wiring,
 		Bridge:      conf.Bridge,
 	}
-	if guestMAC != nil {
-		att.MAC = guestMAC.String()
+	if guestMAC == nil {
+		// A standalone tap has no pod interface to take a MAC from, yet
+		// the VMM needs one for the guest ({mac}).
+		guestMAC = standaloneGuestMAC(args.ContainerID, args.IfName, tap.Attrs().HardwareAddr)
 	}
+	att.MAC = guestMAC.String()
 	return att
+}
+
+// standaloneGuestMAC is the guest's MAC behind a tap of wiring "none": a
+// locally administered unicast MAC derived from the attachment, so it stays
+// the same across napitapd restarts and refetches, and never the tap's own.
+func standaloneGuestMAC(containerID, ifName string, tapMAC net.HardwareAddr) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("napitap-guest-mac:" + containerID + "/" + ifName))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = mac[0]&^0x01 | 0x02
+	if bytes.Equal(mac, tapMAC) {
+		mac[5] ^= 0x01
+	}
+	return mac
 }
 
 func attachment(args *skel.CmdArgs, finalResult bool) config.Attachment {

@@ -499,27 +499,56 @@ func BenchmarkAddDel4QueueNAPI(b *testing.B) {
 	}
 }
 
-// TestUnavailableTunIsReported hides /dev/net/tun in a private mount
-// namespace: STATUS and ADD must answer code 50 and leave the pod alone.
-func TestUnavailableTunIsReported(t *testing.T) {
+// TestKernelThatCannotServeTheConfigIsReported plays a kernel without
+// /dev/net/tun, or without the NAPI knobs in sysfs (an empty tmpfs over lo's
+// sysfs directory, which the plugin probes), in a private mount namespace:
+// STATUS and ADD must answer code 50 naming the config field and leave the
+// pod alone; a config that sets no knob is served. Nothing real is written.
+func TestKernelThatCannotServeTheConfigIsReported(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap","queues":2}`
-	for _, command := range []string{"STATUS", "ADD"} {
-		t.Run(command+" answers code 50 without /dev/net/tun", func(t *testing.T) {
-			script := fmt.Sprintf(`mount -t tmpfs napitap-test /dev/net && exec env CNI_COMMAND=%s CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s %s/napitap`,
-				command, e.ContainerID, e.Pod.Path(), binDir, binDir)
+	const (
+		noTun   = "mount -t tmpfs napitap-test /dev/net"
+		noKnobs = "mount -t tmpfs napitap-test /sys/class/net/lo/"
+	)
+	cases := []struct {
+		name, hide, command, conf string
+		wantIn                    []string // in the code 50 message; nil: success
+	}{
+		{"STATUS without /dev/net/tun answers code 50 naming it", noTun, "STATUS", `"queues":2`, []string{"/dev/net/tun"}},
+		{"ADD without /dev/net/tun answers code 50 naming it", noTun, "ADD", `"queues":2`, []string{"/dev/net/tun"}},
+		{"STATUS of the defaults without threaded answers code 50 naming threadedNapi", noKnobs, "STATUS", `"queues":2`, []string{"threadedNapi", "threaded NAPI (Linux 5.12+)"}},
+		{"ADD of the defaults without threaded answers code 50 before making anything", noKnobs, "ADD", `"queues":2`, []string{"threadedNapi", "/sys/class/net/lo has no threaded"}},
+		{"ADD without napi_defer_hard_irqs answers code 50 naming napiDeferHardIrqs", noKnobs, "ADD", `"threadedNapi":false,"napiDeferHardIrqs":2`, []string{"napiDeferHardIrqs", "Linux 5.10+"}},
+		{"STATUS of a config that sets no knob is served without them", noKnobs, "STATUS", `"threadedNapi":false`, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			conf := `{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap",` + tc.conf + `}`
+			script := fmt.Sprintf(`%s && exec env CNI_COMMAND=%s CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=tap0 CNI_PATH=%s %s/napitap`,
+				tc.hide, tc.command, e.ContainerID, e.Pod.Path(), binDir, binDir)
 			cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 			cmd.Stdin = strings.NewReader(conf)
 			out, err := cmd.Output()
+			if tc.wantIn == nil {
+				if err != nil {
+					t.Fatalf("%s: %v: %s", tc.command, err, out)
+				}
+				return
+			}
 			if err == nil {
-				t.Fatalf("%s succeeded without /dev/net/tun: %s", command, out)
+				t.Fatalf("%s succeeded: %s", tc.command, out)
 			}
 			var cniErr types.Error
 			if err := json.Unmarshal(out, &cniErr); err != nil {
 				t.Fatalf("stdout is not a CNI error: %q", out)
 			}
-			if cniErr.Code != types.ErrPluginNotAvailable || !strings.Contains(cniErr.Msg, "/dev/net/tun") {
-				t.Errorf("got code %d %q, want code 50 naming /dev/net/tun", cniErr.Code, cniErr.Msg)
+			if cniErr.Code != types.ErrPluginNotAvailable {
+				t.Errorf("got code %d %q, want code 50", cniErr.Code, cniErr.Msg)
+			}
+			for _, want := range tc.wantIn {
+				if !strings.Contains(cniErr.Msg, want) {
+					t.Errorf("message %q does not name %q", cniErr.Msg, want)
+				}
 			}
 			if links := e.PodLinks(); len(links) != 1 {
 				t.Errorf("pod netns: %v, want only lo", links)
