@@ -2,6 +2,7 @@
 # The demo: a throwaway "node" netns and "pod" netns and a napitapd of the
 # demo's own; cnitool runs the bridge + napitap chain as a runtime would,
 # shows the result, the tap, its tc filters and the queues napitapd holds,
+# fetches the queues as a VMM would and proves NAPI on one with a GRO probe,
 # checks it, deletes it, and shows nothing is left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,21 +32,60 @@ for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
 export CNI_PATH=$PWD/bin NETCONFPATH=$work CNI_IFNAME=eth0
 # Plugins run in the throwaway host netns, so the bridge is made there.
 cnitool() { ip netns exec "$host" ./bin/cnitool "$@"; }
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Escape codes only for a terminal: CI logs and pipes get plain text.
+bold= plain=
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; fi
+say() { printf '\n%s== %s%s\n' "$bold" "$*" "$plain"; }
+note() { printf -- '-- %s\n' "$@"; }
+napitapctl() { ./bin/napitapctl --socket "$socket" "$@"; }
+
+# tun_flags decoded, e.g. 0x5912: IFF_TAP IFF_NO_PI ... IFF_NAPI.
+tun_flags() {
+	local v=$(($1)) out= bit name
+	for bit in 0x1:IFF_TUN 0x2:IFF_TAP 0x1000:IFF_NO_PI 0x4000:IFF_VNET_HDR 0x100:IFF_MULTI_QUEUE \
+		0x800:IFF_PERSIST 0x10:IFF_NAPI 0x20:IFF_NAPI_FRAGS 0x2000:IFF_ONE_QUEUE 0x8000:IFF_TUN_EXCL; do
+		name=${bit#*:} bit=${bit%%:*}
+		if ((v & bit)); then out+=" $name"; v=$((v & ~bit)); fi
+	done
+	((v == 0)) || out+=" $(printf '%#x' "$v")"
+	echo "${out# }"
+}
 
 say "ADD: bridge + napitap, 4 NAPI queues, tc-redirect wiring"
 cnitool add napitap-demo "/run/netns/$pod"
+echo # cnitool ends its JSON without a newline
+note "two \"eth0\": the first, in $pod, is the pod's veth (bridge made it, napitap wired it to tap0);" \
+	"the last, whose sandbox is the container ID, is the guest's NIC: its MAC and the \"ips\" are what the guest must use."
 
 say "the tap in the pod netns (ip -d link show tap0)"
 ip -n "$pod" -d link show tap0
 say "its NAPI knobs"
-ip netns exec "$pod" sh -c 'cd /sys/class/net/tap0 && for f in tun_flags gro_flush_timeout threaded; do echo "$f: $(cat $f)"; done'
+sysfs=/sys/class/net/tap0
+flags=$(ip netns exec "$pod" cat $sysfs/tun_flags)
+printf 'tun_flags: %s = %s\n' "$flags" "$(tun_flags "$flags")"
+ip netns exec "$pod" sh -c "cd $sysfs && for f in gro_flush_timeout threaded; do echo \"\$f: \$(cat \$f)\"; done"
+if (($(tun_flags "$flags" | grep -c -w IFF_NAPI))); then napi=on; else napi=off; fi
+note "IFF_NAPI $napi; these are the device's flags, the first attacher's (docs/DESIGN.md fact 2): whether a queue has NAPI only a probe shows (below)." \
+	"gro_flush_timeout (ns) lets GRO hold packets to merge them; threaded 1: NAPI polls in napi/tap0-N kernel threads."
 say "tc redirect filters (eth0 <-> tap0)"
 ip netns exec "$pod" tc filter show dev eth0 ingress
 ip netns exec "$pod" tc filter show dev tap0 ingress
 
 say "napitapd holds the NAPI queues until the VMM fetches them (napitapctl list)"
-./bin/napitapctl --socket "$socket" list
+napitapctl list
+note "MAC: the guest's (as in the ADD result), not the tap's; HELD: the queue fds napitapd holds now."
+
+say "fetch: the step that gives a guest NAPI (napitapctl exec -- napitapctl probe {fds})"
+note "A VMM in the pod runs under napitapctl exec, which fetches the queues and passes them as fds 3..6;" \
+	"here the VMM is a probe that writes 16 TCP segments into fd 3, as a guest would, and counts what leaves the tap."
+if ! ip netns exec "$pod" ./bin/napitapctl --socket "$socket" exec -- ./bin/napitapctl probe {fds}; then
+	echo "FAIL: the probe on the fetched queue did not show NAPI merging (see above)" >&2
+	exit 1
+fi
+say "napitapd after the fetch"
+napitapctl list
+note "HELD 0: the VMM got the fds and napitapd kept none; the probe has exited, closing them." \
+	"The tap stays; the next fetch (a restarted VMM) reopens its NAPI queues in the pod netns."
 
 say "CHECK"
 cnitool check napitap-demo "/run/netns/$pod" && echo "CHECK passed"
@@ -61,4 +101,4 @@ if [ "$left" != 0 ]; then
 fi
 echo "nothing left: only lo remains"
 say "napitapd after DEL"
-./bin/napitapctl --socket "$socket" list
+napitapctl list

@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
@@ -37,6 +38,14 @@ func usage() {
       it starts stay under the filter; without napitapd their TUNSETIFF
       fails with ENOSYS.
   napitapctl [--socket PATH] list
+      What napitapd holds: MAC is the guest's, HELD the queue fds napitapd
+      holds now (0 after a fetch, until the next fetch reopens them).
+  napitapctl probe [FDS]
+      Diagnostic, run by exec: napitapctl exec -- napitapctl probe {fds}.
+      Write 16 in-order TCP segments into the first queue fd of FDS
+      (default 3) and tell whether GRO in the tap's netns merged them,
+      which only a NAPI queue does, given the tap's gro_flush_timeout;
+      exits 1 if it did not.
   napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
   napitapctl seccomp-profile [--listener PATH] --install DIR
       Print a Localhost seccomp profile that sends the VMM's TUNSETIFF to
@@ -62,6 +71,8 @@ func main() {
 		err = launch(flag.Args()[1:])
 	case "list":
 		err = list(client)
+	case "probe":
+		err = probe(flag.Args()[1:])
 	case "seccomp-profile":
 		err = seccompProfile(flag.Args()[1:])
 	default:
@@ -174,4 +185,30 @@ func list(client *handoff.Client) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
 	}
 	return w.Flush()
+}
+
+// probe runs napiprobe on the first of fds ("3:4:..." or "3,4,...", as
+// exec's {fds} and {fds,} expand), a queue fd this process inherited.
+func probe(args []string) error {
+	if len(args) > 1 {
+		usage()
+	}
+	fds := "3"
+	if len(args) == 1 {
+		fds = args[0]
+	}
+	first, _, _ := strings.Cut(strings.ReplaceAll(fds, ",", ":"), ":")
+	fd, err := strconv.Atoi(first)
+	if err != nil || fd < 3 {
+		return fmt.Errorf("probe: %q is no queue fd (3 or more)", first)
+	}
+	res, err := napiprobe.RunQueue(os.NewFile(uintptr(fd), "fd "+first), 16, 1000)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("queue fd %d: %s\n", fd, res)
+	if !res.Merged() {
+		return fmt.Errorf("probe: no merged skb on fd %d (%v)", fd, res.SKBLens)
+	}
+	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -51,9 +53,10 @@ var (
 
 // Result of one probe.
 type Result struct {
-	Segments   int   // TCP segments written
-	SegmentLen int   // TCP payload bytes per segment
-	SKBLens    []int // lengths of the frames the tap's netns received, as AF_PACKET saw them (L2 length)
+	Tap        string // the tap's name
+	Segments   int    // TCP segments written
+	SegmentLen int    // TCP payload bytes per segment
+	SKBLens    []int  // lengths of the frames the tap's netns received, as AF_PACKET saw them (L2 length)
 }
 
 // Merged reports whether GRO merged segments: any received frame longer than
@@ -67,6 +70,66 @@ func (r Result) Merged() bool {
 	return false
 }
 
+// String tells what came out of the tap and what that means, e.g. "16
+// segments of 1054 B came out of tap0 as 1 skb of 16054 B: GRO merged them,
+// the queue has NAPI".
+func (r Result) String() string {
+	seg := hdrsLen + r.SegmentLen
+	head := fmt.Sprintf("%d segments of %d B", r.Segments, seg)
+	if len(r.SKBLens) == 0 {
+		return fmt.Sprintf("none of the %s came out of %s", head, r.Tap)
+	}
+	lens := make([]string, len(r.SKBLens))
+	same := true
+	for i, l := range r.SKBLens {
+		lens[i] = strconv.Itoa(l)
+		same = same && l == r.SKBLens[0]
+	}
+	skbs := "1 skb of " + lens[0] + " B"
+	switch {
+	case len(lens) > 1 && same:
+		skbs = fmt.Sprintf("%d skbs of %s B", len(lens), lens[0])
+	case len(lens) > 1:
+		skbs = fmt.Sprintf("%d skbs of %s B", len(lens), strings.Join(lens, "+"))
+	}
+	verdict := "GRO merged them, the queue has NAPI"
+	if !r.Merged() {
+		verdict = "GRO merged nothing: the queue has no NAPI, or the tap's gro_flush_timeout is unset or too short"
+	}
+	return fmt.Sprintf("%s came out of %s as %s: %s", head, r.Tap, skbs, verdict)
+}
+
+// RunQueue is Run on queue alone: the tap's name, network namespace and
+// virtio-net header length come from the fd (TUNGETIFF, TUNGETDEVNETNS of
+// Linux 5.2+, TUNGETVNETHDRSZ), so a program handed queue fds, as
+// `napitapctl exec` hands them, needs nothing else. It needs CAP_NET_ADMIN
+// over the tap's netns.
+func RunQueue(queue *os.File, segments, segmentLen int) (Result, error) {
+	res := Result{Segments: segments, SegmentLen: segmentLen}
+	fd := int(queue.Fd())
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return res, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		return res, fmt.Errorf("%s: not an attached tap queue: TUNGETIFF: %w", queue.Name(), err)
+	}
+	res.Tap = ifr.Name()
+	vnetHdrLen := 0
+	if ifr.Uint16()&unix.IFF_VNET_HDR != 0 {
+		if vnetHdrLen, err = unix.IoctlGetInt(fd, unix.TUNGETVNETHDRSZ); err != nil {
+			return res, fmt.Errorf("tap %q (%s): TUNGETVNETHDRSZ: %w", res.Tap, queue.Name(), err)
+		}
+	}
+	nsfd, err := unix.IoctlRetInt(fd, unix.TUNGETDEVNETNS)
+	if err != nil {
+		return res, fmt.Errorf("tap %q (%s): TUNGETDEVNETNS: %w", res.Tap, queue.Name(), err)
+	}
+	netns := os.NewFile(uintptr(nsfd), "netns of "+res.Tap)
+	defer netns.Close()
+	return Run(fmt.Sprintf("/proc/self/fd/%d", nsfd), res.Tap, queue, vnetHdrLen, segments, segmentLen)
+}
+
 // Run writes `segments` in-order TCP segments of one flow into queue, an
 // attached tap queue fd whose device has a virtio-net header of vnetHdrLen
 // bytes (0 when the tap has no IFF_VNET_HDR; 10 or 12 otherwise), and reports
@@ -77,7 +140,7 @@ func (r Result) Merged() bool {
 // The tap must be up. Run does not set gro_flush_timeout: that is the
 // caller's, as is the choice of a value.
 func Run(netnsPath, tapName string, queue *os.File, vnetHdrLen int, segments, segmentLen int) (Result, error) {
-	res := Result{Segments: segments, SegmentLen: segmentLen}
+	res := Result{Tap: tapName, Segments: segments, SegmentLen: segmentLen}
 	switch {
 	case queue == nil:
 		return res, fmt.Errorf("tap %q in netns %s: no queue fd", tapName, netnsPath)

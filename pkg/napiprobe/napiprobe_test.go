@@ -116,6 +116,34 @@ func TestRun(t *testing.T) {
 			if got := res.Merged(); got != tt.wantMerged {
 				t.Errorf("Merged() = %v, want %v", got, tt.wantMerged)
 			}
+
+			// The same from the fd alone, as `napitapctl probe` does it.
+			res, err = RunQueue(queue, segments, segmentLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("RunQueue: %s", res)
+			if res.Tap != tapName || res.Merged() != tt.wantMerged {
+				t.Errorf("RunQueue: tap %q, Merged() = %v (%v), want %q, %v", res.Tap, res.Merged(), res.SKBLens, tapName, tt.wantMerged)
+			}
 		})
+	}
+}
+
+func TestResultString(t *testing.T) {
+	for _, tt := range []struct {
+		lens []int
+		want string
+	}{
+		{[]int{16054}, "16 segments of 1054 B came out of tap0 as 1 skb of 16054 B: GRO merged them, the queue has NAPI"},
+		{[]int{8054, 8054}, "16 segments of 1054 B came out of tap0 as 2 skbs of 8054 B: GRO merged them, the queue has NAPI"},
+		{[]int{15054, 1054}, "16 segments of 1054 B came out of tap0 as 2 skbs of 15054+1054 B: GRO merged them, the queue has NAPI"},
+		{[]int{1054, 1054}, "16 segments of 1054 B came out of tap0 as 2 skbs of 1054 B: GRO merged nothing: the queue has no NAPI, or the tap's gro_flush_timeout is unset or too short"},
+		{nil, "none of the 16 segments of 1054 B came out of tap0"},
+	} {
+		r := Result{Tap: "tap0", Segments: 16, SegmentLen: 1000, SKBLens: tt.lens}
+		if got := r.String(); got != tt.want {
+			t.Errorf("%v:\n got %q\nwant %q", tt.lens, got, tt.want)
+		}
 	}
 }
