@@ -18,14 +18,20 @@ TOOLS     := github.com/containernetworking/plugins/plugins/main/bridge \
              github.com/containernetworking/cni/cnitool
 TEST_TIMEOUT ?= 20m
 
-IMAGE     ?= ghcr.io/napitap/napitap:$(VERSION)
+# The image `make image` builds and `make deploy-manifests` deploys. By
+# default the one deploy/base/kustomization.yaml names, so that `make image`
+# builds what `kubectl apply -k deploy/` runs (deploy/test checks that they
+# agree). For another: make image deploy-manifests IMAGE=REGISTRY/napitap:TAG
+IMAGE     ?= ghcr.io/napitap/napitap:latest
+# Where deploy-manifests writes deploy/ rendered with IMAGE (not tracked).
+MANIFESTS ?= $(BIN)/napitap.yaml
 
 # Every package but the real-node e2e, which builds Kubernetes first
 # (make e2e-node).
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps build tools demo test unit deploy-test e2e e2e-node e2e-kind image fuzz-short bench clean
+.PHONY: all deps build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
 
 all: build
 
@@ -74,6 +80,16 @@ e2e-kind:
 
 image:
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+print-image:
+	@echo $(IMAGE)
+
+# deploy/ rendered with kustomize's image override to IMAGE, into MANIFESTS:
+# kubectl apply -f $(MANIFESTS). Edits no tracked file.
+deploy-manifests:
+	@mkdir -p $(dir $(MANIFESTS))
+	cd deploy/test && $(GO) run ./cmd/render-deploy --image '$(IMAGE)' --dir ../../deploy -o '$(abspath $(MANIFESTS))'
+	@echo "$(MANIFESTS): deploy/ with image $(IMAGE); kubectl apply -f $(MANIFESTS)"
 
 # Each fuzz target for a bounded number of inputs (CI); FUZZTIME=10m for long
 # runs. A count, not a duration: Go 1.26's coordinator can report its own

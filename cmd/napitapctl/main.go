@@ -24,7 +24,15 @@ import (
 	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
+// usage prints the usage to stderr and exits 2: a command line napitapctl
+// cannot run.
 func usage() {
+	printUsage()
+	os.Exit(2)
+}
+
+// printUsage is what --help prints, on any subcommand.
+func printUsage() {
 	fmt.Fprintf(os.Stderr, `usage:
   napitapctl [--socket PATH] exec [--container ID --ifname IF] -- CMD [ARGS...]
       Fetch the attachment's queue fds (without --container: the one in this
@@ -52,12 +60,26 @@ func usage() {
       napitapd's seccomp agent, or install every kind into DIR (a kubelet
       seccomp dir, e.g. /var/lib/kubelet/seccomp/napitap).
 `)
+}
+
+// usageError reports a command line napitapctl cannot run, as usage does,
+// but says what is wrong with it.
+func usageError(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "napitapctl: "+format+" (napitapctl --help shows the usage)\n", a...)
 	os.Exit(2)
+}
+
+// subFlags is a subcommand's flag set: --help prints the usage and exits 0,
+// before anything connects; a bad flag exits 2.
+func subFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	fs.Usage = printUsage
+	return fs
 }
 
 func main() {
 	socket := flag.String("socket", handoff.DefaultSocket, "napitapd socket")
-	flag.Usage = usage
+	flag.Usage = printUsage
 	flag.Parse()
 	client := &handoff.Client{Socket: *socket}
 	if flag.NArg() == 0 {
@@ -70,7 +92,7 @@ func main() {
 	case "launch":
 		err = launch(flag.Args()[1:])
 	case "list":
-		err = list(client)
+		err = list(client, flag.Args()[1:])
 	case "probe":
 		err = probe(flag.Args()[1:])
 	case "seccomp-profile":
@@ -79,22 +101,34 @@ func main() {
 		usage()
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "napitapctl:", err)
+		fmt.Fprintln(os.Stderr, "napitapctl:", explain(err, client.Socket))
 		os.Exit(1)
 	}
 }
 
+// explain adds to err what an operator needs to act on it.
+func explain(err error, socket string) string {
+	msg := err.Error()
+	if errors.Is(err, handoff.ErrUnreachable) && errors.Is(err, syscall.EACCES) {
+		msg += fmt.Sprintf("\nnapitapctl: only root and the socket's group may connect to %s: its group (ls -l %s shows it; napitapd --socket-group sets it) must be one of this user's groups (id shows them)", socket, socket)
+	}
+	return msg
+}
+
 func execCmd(client *handoff.Client, args []string) error {
-	fs := flag.NewFlagSet("exec", flag.ExitOnError)
+	fs := subFlags("exec")
 	container := fs.String("container", "", "container ID of the attachment")
 	ifName := fs.String("ifname", "", "CNI_IFNAME of the attachment")
 	fs.Parse(args)
 	argv := fs.Args()
+	if (*container == "") != (*ifName == "") {
+		usageError("exec: --container and --ifname name an attachment together: give both, or neither for the one attachment in this network namespace")
+	}
 	if len(argv) == 0 {
-		usage()
+		usageError("exec: no command to run: give it after --")
 	}
 	var key *handoff.Key
-	if *container != "" || *ifName != "" {
+	if *container != "" {
 		key = &handoff.Key{ContainerID: *container, IfName: *ifName}
 	}
 	att, files, err := client.Fetch(key)
@@ -159,7 +193,7 @@ func expandArgs(att *handoff.Attachment, n int, argv []string) ([]string, error)
 }
 
 func launch(args []string) error {
-	fs := flag.NewFlagSet("launch", flag.ExitOnError)
+	fs := subFlags("launch")
 	socket := fs.String("seccomp-socket", seccompagent.DefaultSocket, "napitapd's seccomp socket")
 	fs.Parse(args)
 	if fs.NArg() == 0 {
@@ -174,7 +208,12 @@ func closeAll(files []*os.File) {
 	}
 }
 
-func list(client *handoff.Client) error {
+func list(client *handoff.Client, args []string) error {
+	fs := subFlags("list")
+	fs.Parse(args)
+	if fs.NArg() != 0 {
+		usageError("list takes no arguments, got %q", fs.Args())
+	}
 	atts, err := client.List()
 	if err != nil {
 		return err
@@ -190,6 +229,9 @@ func list(client *handoff.Client) error {
 // probe runs napiprobe on the first of fds ("3:4:..." or "3,4,...", as
 // exec's {fds} and {fds,} expand), a queue fd this process inherited.
 func probe(args []string) error {
+	fs := subFlags("probe")
+	fs.Parse(args)
+	args = fs.Args()
 	if len(args) > 1 {
 		usage()
 	}

@@ -5,11 +5,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,10 +39,20 @@ func TestMain(m *testing.M) {
 
 func napitapctl(t *testing.T, args ...string) (int, string) {
 	t.Helper()
+	return napitapctlAs(t, nil, os.Args[0], args...)
+}
+
+// napitapctlAs runs napitapctl's main from the test binary bin, as cred
+// (nil: as the test).
+func napitapctlAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"-test.run=^$", "--"}, args...)...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -121,5 +133,116 @@ func TestExpandArgs(t *testing.T) {
 				t.Errorf("expandArgs = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMessages: napitapctl's command-line mistakes say what is wrong
+// without connecting, --help prints the usage, and a socket the caller may
+// not connect to names the socket and the group that would let it in.
+func TestMessages(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.sock")
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     []string
+		notWant  []string
+	}{
+		{"--container without --ifname says both are needed", []string{"--socket", missing, "exec", "--container", "c1", "--", "true"}, 2,
+			[]string{"--container and --ifname name an attachment together: give both, or neither"}, []string{"unreachable"}},
+		{"--ifname without --container says both are needed", []string{"--socket", missing, "exec", "--ifname", "net1", "--", "true"}, 2,
+			[]string{"--container and --ifname name an attachment together: give both, or neither"}, []string{"unreachable"}},
+		{"exec without a command says so", []string{"--socket", missing, "exec", "--container", "c1", "--ifname", "net1"}, 2,
+			[]string{"exec: no command to run"}, []string{"unreachable"}},
+		{"list --help prints the usage and connects to nothing", []string{"--socket", missing, "list", "--help"}, 0,
+			[]string{"usage:", "napitapctl [--socket PATH] list"}, []string{"unreachable"}},
+		{"list -h prints the usage", []string{"--socket", missing, "list", "-h"}, 0,
+			[]string{"usage:"}, []string{"unreachable"}},
+		{"exec --help prints the usage and connects to nothing", []string{"--socket", missing, "exec", "--help"}, 0,
+			[]string{"usage:", "{fds}"}, []string{"unreachable"}},
+		{"launch --help prints the usage", []string{"launch", "--help"}, 0,
+			[]string{"usage:"}, nil},
+		{"napitapctl --help prints the usage", []string{"--help"}, 0,
+			[]string{"usage:"}, nil},
+		{"probe --help prints the usage", []string{"probe", "--help"}, 0,
+			[]string{"usage:", "napitapctl probe"}, nil},
+		{"seccomp-profile --help prints the usage", []string{"seccomp-profile", "--help"}, 0,
+			[]string{"usage:", "seccomp-profile"}, nil},
+		{"list with an argument is a usage error", []string{"--socket", missing, "list", "extra"}, 2,
+			[]string{`list takes no arguments, got ["extra"]`}, []string{"unreachable"}},
+		{"an unknown flag of list is a usage error", []string{"--socket", missing, "list", "--bogus"}, 2,
+			[]string{"flag provided but not defined: -bogus", "usage:"}, []string{"unreachable"}},
+		{"no napitapd at the socket names it, without the group hint", []string{"--socket", missing, "list"}, 1,
+			[]string{"napitapd unreachable", missing}, []string{"--socket-group"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := napitapctl(t, tc.args...)
+			check(t, code, out, tc.wantCode, tc.want, tc.notWant)
+		})
+	}
+
+	t.Run("permission denied on the socket names it and the group the caller needs", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root, to run napitapctl as another user")
+		}
+		// A dir and binary that uid 65534 may reach; t.TempDir's are 0700.
+		pub, err := os.MkdirTemp("", "napitapctl-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(pub) })
+		if err := os.Chmod(pub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		bin := filepath.Join(pub, "napitapctl.test")
+		self, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, self, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		socket := filepath.Join(pub, "napitapd.sock")
+		l, err := net.Listen("unixpacket", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := os.Chmod(socket, 0o660); err != nil { // as napitapd makes it
+			t.Fatal(err)
+		}
+		nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
+		for _, args := range [][]string{
+			{"--socket", socket, "list"},
+			{"--socket", socket, "exec", "--", "true"},
+			{"--socket", socket, "exec", "--container", "c1", "--ifname", "net1", "--", "true"},
+		} {
+			code, out := napitapctlAs(t, nobody, bin, args...)
+			check(t, code, out, 1, []string{
+				"connect: permission denied",
+				"only root and the socket's group may connect to " + socket,
+				"ls -l " + socket,
+				"napitapd --socket-group sets it",
+			}, nil)
+		}
+	})
+}
+
+func check(t *testing.T, code int, out string, wantCode int, want, notWant []string) {
+	t.Helper()
+	if code != wantCode {
+		t.Errorf("exit %d, want %d; output:\n%s", code, wantCode, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	for _, w := range notWant {
+		if strings.Contains(out, w) {
+			t.Errorf("output has %q:\n%s", w, out)
+		}
 	}
 }

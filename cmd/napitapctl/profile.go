@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +15,7 @@ const defaultListener = "/run/napitap/seccomp.sock"
 // seccompProfile prints one profile, or installs them all into a kubelet
 // seccomp dir (the DaemonSet's init container does this on every node).
 func seccompProfile(args []string) error {
-	fs := flag.NewFlagSet("seccomp-profile", flag.ExitOnError)
+	fs := subFlags("seccomp-profile")
 	listener := fs.String("listener", defaultListener, "napitapd's --seccomp-socket, as runc will dial it")
 	install := fs.String("install", "", "write every profile as DIR/<kind>.json instead of printing one")
 	fs.Parse(args)

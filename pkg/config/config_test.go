@@ -656,6 +656,11 @@ func TestDefaultTapName(t *testing.T) {
 		{"a 3-byte name is prefixed whole", "abc", config.WiringTCRedirect, "tapabc"},
 		{"a 1-byte name is prefixed whole", "a", config.WiringTCRedirect, "tapa"},
 		{"an empty CNI_IFNAME gives no name", "", config.WiringTCRedirect, ""},
+		// README's examples of the edge cases.
+		{"README: a name of 3 bytes or fewer is kept whole", "e0", config.WiringTCRedirect, "tape0"},
+		{"README: tap alone is 3 bytes, kept whole", "tap", config.WiringTCRedirect, "taptap"},
+		{"README: a longer CNI_IFNAME starting with tap is hashed", "tap1", config.WiringTCRedirect, "tapb64a6569"},
+		{"README: tapnet1 is hashed too", "tapnet1", config.WiringBridge, "tap5799563c"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -90,7 +90,7 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 	deadline := time.Now().Add(timeout)
 	conn, err := dial(socket, deadline)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(deadline)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/napitap/napitap/internal/nstest"
@@ -50,5 +51,18 @@ func TestListPagesThroughManyAttachments(t *testing.T) {
 	}
 	if released, err := client.GC("napitap-list", nil); err != nil || released != n {
 		t.Errorf("GC released %d, %v; want %d", released, err, n)
+	}
+}
+
+// TestListPageAsDocumented: README's protocol section gives runtimes in
+// other languages the page size.
+func TestListPageAsDocumented(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("at most %d attachments (`ListPage`)", handoff.ListPage)
+	if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), want) {
+		t.Errorf("README.md does not say %q", want)
 	}
 }
