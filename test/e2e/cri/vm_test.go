@@ -113,7 +113,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			argv := vm.QEMUArgs("/guest/"+filepath.Base(kernel), "/guest/"+filepath.Base(initrd), netdev, 2, guest, "/out/serial.log", true)
 			cfg := writeVMMContainerConfig(t, n, i, argv, filepath.Dir(kernel), outDir, tc.profile)
 			ctr := n.Crictl("create", p.id, cfg, p.config)
-			checkSeccomp(t, n, ctr, n.Napitapd.SeccompSocket, tc.profile != "")
+			n.CheckSeccomp(t, ctr, tc.profile != "")
 			n.Crictl("start", ctr)
 			t.Logf("QEMU container %.12s started %v after runp", ctr, time.Since(start).Round(time.Millisecond))
 
@@ -317,53 +317,6 @@ func checkAgentLog(t *testing.T, n *crihelp.Node, p *vmPod, napi bool) {
 	}
 	if len(attached) != 2 || !strings.Contains(strings.Join(attached, "\n"), "tap=tap0") {
 		t.Errorf("napitapd attached %d of QEMU's queues with NAPI, want 2:\n%s", len(attached), crihelp.Tail(log, 3000))
-	}
-}
-
-// checkSeccomp: containerd put the Localhost profile, listenerPath
-// included, into the OCI spec it gives runc; RuntimeDefault is a filter
-// too, without a listener.
-func checkSeccomp(t *testing.T, n *crihelp.Node, id, listener string, localhost bool) {
-	t.Helper()
-	out, err := n.CrictlRun("inspect", "-o", "json", id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inspect struct {
-		Info struct {
-			RuntimeSpec struct {
-				Linux struct {
-					Seccomp *struct {
-						DefaultAction    string
-						ListenerPath     string
-						ListenerMetadata string
-						Syscalls         []struct{ Action string }
-					}
-				}
-			}
-		}
-	}
-	if err := json.Unmarshal(out, &inspect); err != nil {
-		t.Fatalf("crictl inspect %s: %v", id, err)
-	}
-	sc := inspect.Info.RuntimeSpec.Linux.Seccomp
-	if sc == nil {
-		t.Fatalf("container %.12s runs without seccomp", id)
-	}
-	notify := 0
-	for _, r := range sc.Syscalls {
-		if r.Action == "SCMP_ACT_NOTIFY" {
-			notify++
-		}
-	}
-	t.Logf("container %.12s seccomp: default %s, %d rules, %d notify, listenerPath %q", id, sc.DefaultAction, len(sc.Syscalls), notify, sc.ListenerPath)
-	switch {
-	case sc.DefaultAction != "SCMP_ACT_ERRNO":
-		t.Errorf("default action %s, want SCMP_ACT_ERRNO", sc.DefaultAction)
-	case localhost && (sc.ListenerPath != listener || sc.ListenerMetadata != "vmm" || notify != 1):
-		t.Errorf("listenerPath %q metadata %q with %d notify rules, want %q, vmm and 1", sc.ListenerPath, sc.ListenerMetadata, notify, listener)
-	case !localhost && (sc.ListenerPath != "" || notify != 0):
-		t.Errorf("RuntimeDefault has listenerPath %q and %d notify rules", sc.ListenerPath, notify)
 	}
 }
 

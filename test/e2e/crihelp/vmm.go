@@ -1,6 +1,7 @@
 package crihelp
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -205,3 +206,52 @@ func (c *Capture) Stop() CaptureResult {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// CheckSeccomp checks the seccomp section containerd gave runc for the
+// container id: a Localhost napitap profile (localhost) has its one NOTIFY
+// rule and the listener napitapd serves; RuntimeDefault is a filter too,
+// without a listener. Both deny by default.
+func (n *Node) CheckSeccomp(t testing.TB, id string, localhost bool) {
+	t.Helper()
+	out, err := n.CrictlRun("inspect", "-o", "json", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inspect struct {
+		Info struct {
+			RuntimeSpec struct {
+				Linux struct {
+					Seccomp *struct {
+						DefaultAction    string
+						ListenerPath     string
+						ListenerMetadata string
+						Syscalls         []struct{ Action string }
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(out, &inspect); err != nil {
+		t.Fatalf("crictl inspect %s: %v", id, err)
+	}
+	sc := inspect.Info.RuntimeSpec.Linux.Seccomp
+	if sc == nil {
+		t.Fatalf("container %.12s runs without seccomp", id)
+	}
+	notify := 0
+	for _, r := range sc.Syscalls {
+		if r.Action == "SCMP_ACT_NOTIFY" {
+			notify++
+		}
+	}
+	t.Logf("container %.12s seccomp: default %s, %d rules, %d notify, listenerPath %q", id, sc.DefaultAction, len(sc.Syscalls), notify, sc.ListenerPath)
+	listener := n.Napitapd.SeccompSocket
+	switch {
+	case sc.DefaultAction != "SCMP_ACT_ERRNO":
+		t.Errorf("default action %s, want SCMP_ACT_ERRNO", sc.DefaultAction)
+	case localhost && (sc.ListenerPath != listener || sc.ListenerMetadata != "vmm" || notify != 1):
+		t.Errorf("listenerPath %q metadata %q with %d notify rules, want %q, vmm and 1", sc.ListenerPath, sc.ListenerMetadata, notify, listener)
+	case !localhost && (sc.ListenerPath != "" || notify != 0):
+		t.Errorf("RuntimeDefault has listenerPath %q and %d notify rules", sc.ListenerPath, notify)
+	}
+}

@@ -310,8 +310,7 @@ func (c *cluster) waitVMPodRunning(p *vmPod) {
 }
 
 // checkSeccomp: kubelet resolved the pod's profile and containerd put it,
-// listenerPath included, into the OCI spec of the vmm container (crictl
-// inspect); RuntimeDefault is a filter too, without a listener.
+// listenerPath included, into the OCI spec of the vmm container.
 func (c *cluster) checkSeccomp(p *vmPod, localhost bool) {
 	t := c.t
 	t.Helper()
@@ -319,48 +318,7 @@ func (c *cluster) checkSeccomp(p *vmPod, localhost bool) {
 	if err != nil || len(st.Status.ContainerStatuses) != 1 {
 		t.Fatalf("pod %s: %+v (%v)", p.name, st, err)
 	}
-	id := strings.TrimPrefix(st.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := c.node.CrictlRun("inspect", "-o", "json", id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inspect struct {
-		Info struct {
-			RuntimeSpec struct {
-				Linux struct {
-					Seccomp *struct {
-						DefaultAction    string
-						ListenerPath     string
-						ListenerMetadata string
-						Syscalls         []struct{ Action string }
-					}
-				}
-			}
-		}
-	}
-	if err := json.Unmarshal(out, &inspect); err != nil {
-		t.Fatalf("crictl inspect %s: %v", id, err)
-	}
-	sc := inspect.Info.RuntimeSpec.Linux.Seccomp
-	if sc == nil {
-		t.Fatalf("pod %s: container %.12s runs without seccomp", p.name, id)
-	}
-	notify := 0
-	for _, r := range sc.Syscalls {
-		if r.Action == "SCMP_ACT_NOTIFY" {
-			notify++
-		}
-	}
-	t.Logf("pod %s: container vmm %.12s seccomp: default %s, %d rules, %d notify, listenerPath %q", p.name, id, sc.DefaultAction, len(sc.Syscalls), notify, sc.ListenerPath)
-	sock := c.node.Napitapd.SeccompSocket
-	switch {
-	case sc.DefaultAction != "SCMP_ACT_ERRNO":
-		t.Errorf("default action %s, want SCMP_ACT_ERRNO", sc.DefaultAction)
-	case localhost && (sc.ListenerPath != sock || sc.ListenerMetadata != "vmm" || notify != 1):
-		t.Errorf("listenerPath %q metadata %q with %d notify rules, want %q, vmm and 1", sc.ListenerPath, sc.ListenerMetadata, notify, sock)
-	case !localhost && (sc.ListenerPath != "" || notify != 0):
-		t.Errorf("RuntimeDefault has listenerPath %q and %d notify rules", sc.ListenerPath, notify)
-	}
+	c.node.CheckSeccomp(t, strings.TrimPrefix(st.Status.ContainerStatuses[0].ContainerID, "containerd://"), localhost)
 }
 
 // attachmentOf is napitapd's record of the sandbox's eth0.
