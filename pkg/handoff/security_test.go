@@ -347,10 +347,20 @@ func TestAStaleKeyNeverReachesTheNextPodsTap(t *testing.T) {
 	}
 	tapsetup.CloseQueues(files)
 	delNetns() // no DEL reaches napitapd
-	addNetns()
+	// The kernel frees the old netns's inode once its teardown has run and
+	// hands it to the next netns: try until the new netns has it, which is
+	// what made an inode key hand out the next pod's queues.
 	var newIno unix.Stat_t
-	_ = unix.Stat(path, &newIno)
-	t.Logf("netns inode before %d, after %d", oldIno.Ino, newIno.Ino)
+	for try := 0; ; try++ {
+		addNetns()
+		_ = unix.Stat(path, &newIno)
+		if newIno.Ino == oldIno.Ino || try == 50 {
+			break
+		}
+		delNetns()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("netns inode before %d, after %d (reused: %v)", oldIno.Ino, newIno.Ino, newIno.Ino == oldIno.Ino)
 	register(t, c, attachmentForPath(path, newKey, tap, queues), newTapAt(t, path, tap, queues))
 	_, files, err = c.Fetch(&newKey)
 	if err != nil {
