@@ -323,15 +323,23 @@ func unixSocketTable(pid int) map[string]string {
 }
 
 // settledFDs reads napitapd's fds once the server side of a finished
-// request (the connection napitapd closes when it reads EOF) has gone.
+// request has gone: the connection napitapd closes when it reads EOF, and
+// the peer's pidfd it holds for as long. The fds are read one by one, so a
+// connection that closes meanwhile can leave half of itself in one read:
+// two reads in a row must agree.
 func settledFDs(pid int) ([]string, int) {
-	deadline := time.Now().Add(300 * time.Millisecond)
+	perConn := func(k string) bool {
+		return strings.HasPrefix(k, "unix socket connection") || strings.HasPrefix(k, "anon_inode:pidfd")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	last, _ := procFDs(pid)
 	for {
+		time.Sleep(2 * time.Millisecond)
 		kinds, n := procFDs(pid)
-		if !slices.ContainsFunc(kinds, func(k string) bool { return strings.HasPrefix(k, "unix socket connection") }) || time.Now().After(deadline) {
+		if (!slices.ContainsFunc(kinds, perConn) && slices.Equal(kinds, last)) || time.Now().After(deadline) {
 			return kinds, n
 		}
-		time.Sleep(2 * time.Millisecond)
+		last = kinds
 	}
 }
 
