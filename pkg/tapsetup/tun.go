@@ -80,22 +80,21 @@ func CheckFeatures(flags QueueFlags) error {
 	if err != nil {
 		return err
 	}
-	want := []struct {
+	var needs []KernelNeed
+	for _, w := range []struct {
 		on   bool
-		bit  uint32
-		name string
+		need KernelNeed
 	}{
-		{flags.MultiQueue, unix.IFF_MULTI_QUEUE, "IFF_MULTI_QUEUE"},
-		{flags.VnetHdr, unix.IFF_VNET_HDR, "IFF_VNET_HDR"},
-		{flags.NAPI, unix.IFF_NAPI, "IFF_NAPI (Linux 4.15+)"},
-		{flags.NAPIFrags, unix.IFF_NAPI_FRAGS, "IFF_NAPI_FRAGS"},
-	}
-	for _, w := range want {
-		if w.on && have&w.bit == 0 {
-			return fmt.Errorf("kernel tun driver lacks %s (TUNGETFEATURES 0x%x)", w.name, have)
+		{flags.MultiQueue, KernelNeed{Field: "multiQueue", Feature: unix.IFF_MULTI_QUEUE, What: "IFF_MULTI_QUEUE"}},
+		{flags.VnetHdr, KernelNeed{Field: "vnetHdr", Feature: unix.IFF_VNET_HDR, What: "IFF_VNET_HDR"}},
+		{flags.NAPI, KernelNeed{Field: "napi", Feature: unix.IFF_NAPI, What: "IFF_NAPI (Linux 4.15+)"}},
+		{flags.NAPIFrags, KernelNeed{Field: "napiFrags", Feature: unix.IFF_NAPI_FRAGS, What: "IFF_NAPI_FRAGS"}},
+	} {
+		if w.on {
+			needs = append(needs, w.need)
 		}
 	}
-	return nil
+	return RequireKernel(needs, have, "")
 }
 
 // Create makes the persistent tap of spec in the current netns and returns
