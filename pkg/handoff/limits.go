@@ -69,8 +69,8 @@ type connTable struct {
 	others int // connections of uids other than root
 	perUID map[uint32]int
 
-	refusals every // log lines about refused connections
-	failures every // log lines about failed accepts
+	refusals unixsock.Every // log lines about refused connections
+	failures unixsock.Every // log lines about failed accepts
 }
 
 // admit counts in a connection of uid, or says why it may not have one.
@@ -134,14 +134,14 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 	cred, err := unixsock.PeerCred(conn)
 	if err != nil {
 		conn.Close()
-		if ok, n := s.conns.refusals.allow(); ok {
+		if ok, n := s.conns.refusals.Allow(); ok {
 			s.log.Error("refused connection without peer credentials", "err", err, "refusedSinceLastLine", n)
 		}
 		return 0, false
 	}
 	if ok, why := s.conns.admit(lim, cred.Uid); !ok {
 		conn.Close()
-		if ok, n := s.conns.refusals.allow(); ok {
+		if ok, n := s.conns.refusals.Allow(); ok {
 			s.log.Warn("refused connection", "reason", why, "pid", cred.Pid, "uid", cred.Uid,
 				"maxConns", lim.MaxConns, "maxConnsPerUID", lim.MaxConnsPerUID, "refusedSinceLastLine", n)
 		}
@@ -152,31 +152,3 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 
 // logInterval spaces out log lines that a flood would repeat.
 const logInterval = 10 * time.Second
-
-// every lets one event through per logInterval and counts the others.
-type every struct {
-	mu   sync.Mutex
-	next time.Time
-	held int
-}
-
-// allow reports whether to log now, and how many events it held back
-// since the last time it did.
-func (e *every) allow() (bool, int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	now := time.Now()
-	if now.Before(e.next) {
-		e.held++
-		return false, 0
-	}
-	n := e.held
-	e.next, e.held = now.Add(logInterval), 0
-	return true, n
-}
-
-// acceptBackoff is the wait after a failed accept: doubling from 5 ms up to
-// 1 s, as net/http does.
-func acceptBackoff(last time.Duration) time.Duration {
-	return min(max(2*last, 5*time.Millisecond), time.Second)
-}

@@ -2,7 +2,6 @@ package handoff
 
 import (
 	"testing"
-	"time"
 )
 
 func TestConnTable(t *testing.T) {
@@ -92,33 +91,5 @@ func TestLimitsValidate(t *testing.T) {
 				t.Errorf("Validate(%+v) = %v, want error %v", tc.limits, err, tc.wantErr)
 			}
 		})
-	}
-}
-
-func TestEveryLetsOneLinePerIntervalThrough(t *testing.T) {
-	var e every
-	if ok, n := e.allow(); !ok || n != 0 {
-		t.Fatalf("first event: allow() = %v, %d; want true, 0", ok, n)
-	}
-	for range 99 {
-		if ok, _ := e.allow(); ok {
-			t.Fatal("a second event within the interval was let through")
-		}
-	}
-	e.next = time.Now() // the interval has passed
-	if ok, n := e.allow(); !ok || n != 99 {
-		t.Errorf("after the interval: allow() = %v, %d; want true and the 99 held back", ok, n)
-	}
-}
-
-func TestAcceptBackoffGrowsToOneSecond(t *testing.T) {
-	var d time.Duration
-	var got []time.Duration
-	for range 10 {
-		d = acceptBackoff(d)
-		got = append(got, d)
-	}
-	if got[0] != 5*time.Millisecond || got[1] != 10*time.Millisecond || got[len(got)-1] != time.Second {
-		t.Errorf("backoff %v: want 5ms, 10ms, ... up to 1s", got)
 	}
 }

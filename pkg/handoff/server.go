@@ -60,7 +60,10 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 	if err := safefile.TrustedDir(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
-	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}}
+	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}, conns: connTable{
+		refusals: unixsock.Every{Interval: logInterval},
+		failures: unixsock.Every{Interval: logInterval},
+	}}
 	// A napitapd killed between write and rename leaves these behind.
 	if tmps, _ := filepath.Glob(filepath.Join(stateDir, "*.json.tmp")); len(tmps) > 0 {
 		for _, tmp := range tmps {
@@ -121,8 +124,8 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			}
 			// Out of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
 			// that passes as connections close.
-			delay = acceptBackoff(delay)
-			if ok, n := s.conns.failures.allow(); ok {
+			delay = unixsock.AcceptBackoff(delay)
+			if ok, n := s.conns.failures.Allow(); ok {
 				s.log.Error("accept failed, retrying", "err", err, "wait", delay, "failedSinceLastLine", n)
 			}
 			time.Sleep(delay)

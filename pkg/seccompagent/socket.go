@@ -41,7 +41,9 @@ type Server struct {
 	agent *Agent
 	log   *slog.Logger
 	conns chan struct{} // a token per connection being served
-	drops dropLog
+	// drops spaces out the log lines about connections refused for the
+	// bound, so that a flood cannot flood the log too.
+	drops unixsock.Every
 }
 
 // NewServer hands the listeners it receives to agent. maxConns bounds the
@@ -50,7 +52,7 @@ func NewServer(agent *Agent, logger *slog.Logger, maxConns int) *Server {
 	if maxConns <= 0 {
 		maxConns = DefaultMaxConns
 	}
-	return &Server{agent: agent, log: logger, conns: make(chan struct{}, maxConns), drops: dropLog{log: logger}}
+	return &Server{agent: agent, log: logger, conns: make(chan struct{}, maxConns), drops: unixsock.Every{Interval: time.Second}}
 }
 
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
@@ -70,8 +72,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			// EMFILE and friends: wait rather than spin, as net/http does.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			backoff = unixsock.AcceptBackoff(backoff)
 			s.log.Error("seccomp socket accept", "err", err, "retry_in", backoff)
 			time.Sleep(backoff)
 			continue
@@ -81,7 +82,9 @@ func (s *Server) Serve(l *net.UnixListener) error {
 		case s.conns <- struct{}{}:
 		default:
 			conn.Close()
-			s.drops.drop()
+			if ok, held := s.drops.Allow(); ok {
+				s.log.Warn("seccomp socket: too many connections at once, closed", "count", held+1)
+			}
 			continue
 		}
 		wg.Add(1)
@@ -217,25 +220,6 @@ func origin(st *specs.ContainerProcessState, peer string) string {
 		return fmt.Sprintf("container %s pid %d", st.State.ID, st.Pid)
 	}
 	return fmt.Sprintf("pid %d (%s)", st.Pid, peer)
-}
-
-// dropLog logs connections refused for the bound at most once a second,
-// so that a flood cannot flood the log too.
-type dropLog struct {
-	log        *slog.Logger
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-func (d *dropLog) drop() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.suppressed++
-	if now := time.Now(); now.Sub(d.last) >= time.Second {
-		d.log.Warn("seccomp socket: too many connections at once, closed", "count", d.suppressed)
-		d.last, d.suppressed = now, 0
-	}
 }
 
 // Start serves the socket at path with an agent for reg until the

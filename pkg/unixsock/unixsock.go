@@ -1,5 +1,6 @@
 // Package unixsock is what napitapd's two sockets share: made where only
-// root can put them, and asked who is on the other end.
+// root can put them, asked who is on the other end, and served through
+// floods and fd exhaustion without flooding the log.
 package unixsock
 
 import (
@@ -8,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -59,4 +62,36 @@ func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, err
 	}
 	return cred, credErr
+}
+
+// Every lets one event through per Interval and counts the others: for log
+// lines that a flood would repeat.
+type Every struct {
+	Interval time.Duration
+
+	mu   sync.Mutex
+	next time.Time
+	held int
+}
+
+// Allow reports whether to log now, and how many events it held back
+// since the last time it did.
+func (e *Every) Allow() (bool, int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	if now.Before(e.next) {
+		e.held++
+		return false, 0
+	}
+	n := e.held
+	e.next, e.held = now.Add(e.Interval), 0
+	return true, n
+}
+
+// AcceptBackoff is the wait after a failed accept (EMFILE and friends
+// pass as connections close): doubling from 5 ms up to 1 s, as net/http
+// does.
+func AcceptBackoff(last time.Duration) time.Duration {
+	return min(max(2*last, 5*time.Millisecond), time.Second)
 }
