@@ -31,15 +31,18 @@ MANIFESTS ?= $(BIN)/napitap.yaml
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
 
 all: build
 
-# Debian packages the demo and tests call (iproute2, QEMU, busybox-static,
-# containerd, runc, libvirt's daemon and QEMU driver, virsh, xmllint);
-# installed only if missing.
-deps:
-	./hack/deps.sh
+# The programs each target calls, checked first; their Debian packages are
+# installed only if missing (and only where apt-get exists). deps-demo: ip
+# and tc. deps-test: QEMU, busybox-static, containerd, runc, libvirt, ...
+deps: deps-test
+deps-demo:
+	./hack/deps.sh demo
+deps-test:
+	./hack/deps.sh test
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitapctl
@@ -48,13 +51,13 @@ tools:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(TOOLS)
 
 # The main job: bridge + napitap on a throwaway pod netns, via cnitool.
-demo: deps build tools
+demo: deps-demo build tools
 	./hack/demo.sh
 
 # Everything, privileged tests and the QEMU e2e included (run as root;
 # CI=true makes a test that cannot run fail instead of skip). The guest
 # kernel and initramfs are cached under .cache/vm.
-test: deps build tools
+test: deps-test build tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) deploy-test
@@ -66,12 +69,12 @@ deploy-test:
 
 # The end-to-end suites alone: a QEMU guest, containerd + crictl, Multus-style
 # delegation, faults and churn.
-e2e: deps build tools
+e2e: deps-test build tools
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
 
 # A real node: etcd, kube-apiserver, containerd and kubelet built from the Go
 # module proxy (cached in .cache/k8s-*; the first build takes minutes).
-e2e-node: deps build tools
+e2e-node: deps-test build tools
 	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 
 # kind, Multus and the DaemonSet; needs a Docker engine (not on this machine).

@@ -1,42 +1,77 @@
 #!/usr/bin/env bash
-# Installs the Debian packages napitap's demo and tests need, if missing:
-# iproute2 (ip, tc), util-linux (nsenter, unshare), QEMU (TCG is enough, no
-# KVM needed), a static busybox for the guest initramfs, and the tools to
-# unpack a Debian kernel package; containerd (with ctr) and runc for the CRI
-# e2e (test/e2e/cri); libvirt's daemon with its QEMU driver, virsh, and
-# xmllint (which virt-xml-validate runs) for the libvirt e2e
-# (test/e2e/libvirt_test.go; no libvirt-daemon-system: the test runs its
-# own libvirtd with its own config and dirs, and no service is set up on
-# the node). Idempotent; runs `apt-get update` only when
-# something is missing (or apt has no package lists, which `apt-get
-# download` of the guest kernel needs).
+# Checks for the programs a make target calls and, only where one is
+# missing and apt-get exists, installs its Debian package.
+#
+#   hack/deps.sh demo   ip and tc (iproute2): all the demo calls
+#   hack/deps.sh test   the demo's, plus what the tests call: QEMU (TCG is
+#                       enough), a static busybox and dpkg-deb/xz for the
+#                       guest initramfs, apt package lists for
+#                       `apt-get download` of the guest kernel,
+#                       nsenter/unshare, containerd and runc (CRI and node
+#                       e2e), libvirtd with its QEMU driver, virsh and
+#                       xmllint (the libvirt e2e runs a libvirtd of its own;
+#                       no service is set up on the node)
+#
+# Elsewhere (no apt-get) it names what is missing and the Debian package
+# that has it, and exits 1: install the equivalent and run make again.
 set -euo pipefail
-missing=()
-command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
-command -v dpkg-deb >/dev/null || missing+=(dpkg)
-command -v xz >/dev/null || missing+=(xz-utils)
-command -v ip >/dev/null || missing+=(iproute2)
-command -v tc >/dev/null || missing+=(iproute2)
-command -v nsenter >/dev/null || missing+=(util-linux)
-command -v make >/dev/null || missing+=(make)
-command -v containerd >/dev/null || missing+=(containerd)
-command -v runc >/dev/null || missing+=(runc)
-command -v libvirtd >/dev/null || missing+=(libvirt-daemon)
-dpkg-query -W -f='${Status}' libvirt-daemon-driver-qemu 2>/dev/null | grep -q 'ok installed' || missing+=(libvirt-daemon-driver-qemu)
-command -v virsh >/dev/null || missing+=(libvirt-clients)
-command -v xmllint >/dev/null || missing+=(libxml2-utils)
-command -v unshare >/dev/null || missing+=(util-linux)
-lists_ok=0
-compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null && lists_ok=1
-if [ ${#missing[@]} -gt 0 ] || [ "$lists_ok" = 0 ]; then
-	if [ "$(id -u)" != 0 ]; then
-		echo "deps: need root to install: ${missing[*]:-} (and/or apt-get update)" >&2
-		exit 1
-	fi
-	apt-get update -qq
+target=${1:-test}
+
+missing=()   # Debian packages
+absent=()    # "program (package)", for the message without apt-get
+need_cmd() { # need_cmd PROGRAM PACKAGE
+	command -v "$1" >/dev/null && return
+	absent+=("$1 ($2)")
+	[[ " ${missing[*]-} " == *" $2 "* ]] || missing+=("$2")
+}
+need_pkg() { # need_pkg PACKAGE WHAT (no program to look for)
+	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed' && return
+	absent+=("$2 ($1)")
+	missing+=("$1")
+}
+
+need_cmd ip iproute2
+need_cmd tc iproute2
+need_lists=0
+case $target in
+demo) ;;
+test)
+	need_cmd qemu-system-x86_64 qemu-system-x86
+	need_pkg busybox-static "a static /bin/busybox"
+	need_cmd dpkg-deb dpkg
+	need_cmd xz xz-utils
+	need_cmd nsenter util-linux
+	need_cmd unshare util-linux
+	need_cmd containerd containerd
+	need_cmd runc runc
+	need_cmd libvirtd libvirt-daemon
+	need_pkg libvirt-daemon-driver-qemu "libvirt's QEMU driver"
+	need_cmd virsh libvirt-clients
+	need_cmd xmllint libxml2-utils
+	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
+	;;
+*)
+	echo "usage: $0 demo|test" >&2
+	exit 2
+	;;
+esac
+command -v go >/dev/null || { echo "deps: Go 1.26+ must be on PATH or in /usr/local/go/bin" >&2; exit 1; }
+
+if [ ${#missing[@]} -eq 0 ] && [ "$need_lists" = 0 ]; then
+	exit 0
 fi
+if ! command -v apt-get >/dev/null; then
+	echo "deps: make $target needs, and this machine has no apt-get to install:" >&2
+	printf '  %s\n' "${absent[@]}" >&2
+	[ "$need_lists" = 0 ] || echo "  apt package lists (the guest kernel comes from Debian's archive)" >&2
+	echo "deps: in parentheses is the Debian package; install its equivalent and run make again" >&2
+	exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "deps: need root to install: ${missing[*]:-} (and/or apt-get update)" >&2
+	exit 1
+fi
+apt-get update -qq
 if [ ${#missing[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-command -v go >/dev/null || { echo "Go 1.26+ must be on PATH (e.g. /usr/local/go/bin)" >&2; exit 1; }
