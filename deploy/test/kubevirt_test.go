@@ -1,8 +1,16 @@
 package deploytest
 
 import (
+	"fmt"
+	"os"
 	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/seccompprofile"
@@ -101,5 +109,65 @@ func TestKataExample(t *testing.T) {
 	}
 	if conf.KataDanDir == "" || conf.HandoffMode != config.HandoffIntercept {
 		t.Errorf("napitap-kata: DAN dir %q, handoff mode %q: want kataDan on and intercept", conf.KataDanDir, conf.HandoffMode)
+	}
+}
+
+// The Kata README's pod runs under the RuntimeClass it defines, whose
+// handler is the containerd runtime of containerd-config.toml, whose shim is
+// the wrapper (containerd derives the binary's name from runtime_type), and
+// the wrapper execs runtime-rs, the runtime that reads DAN files. A break
+// anywhere in that chain leaves the pod running with plain queues.
+func TestKataPodRunsRuntimeRsUnderTheAgent(t *testing.T) {
+	dir := filepath.Join(repoRoot, "deploy", "kata")
+	readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("deploy/kata/README.md has no yaml block")
+	}
+	docs, err := splitYAML(block[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rc *nodev1.RuntimeClass
+	var pod *corev1.Pod
+	for i, doc := range docs {
+		o, err := decodeStrict(fmt.Sprintf("deploy/kata/README.md#%d", i), doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch v := o.obj.(type) {
+		case *nodev1.RuntimeClass:
+			rc = v
+		case *corev1.Pod:
+			pod = v
+		}
+	}
+	if rc == nil || pod == nil {
+		t.Fatal("the README's yaml block lacks the RuntimeClass or the pod")
+	}
+	if got := pod.Spec.RuntimeClassName; got == nil || *got != rc.Name {
+		t.Errorf("the pod's runtimeClassName is not the README's RuntimeClass %q", rc.Name)
+	}
+	toml, err := os.ReadFile(filepath.Join(dir, "containerd-config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtimeType := regexp.MustCompile(`(?m)^\[plugins\."io\.containerd\.grpc\.v1\.cri"\.containerd\.runtimes\.` +
+		regexp.QuoteMeta(rc.Handler) + `\]\n\s*runtime_type = "io\.containerd\.([a-z0-9-]+)\.v2"`).FindSubmatch(toml)
+	if runtimeType == nil {
+		t.Fatalf("containerd-config.toml has no runtime %q with a runtime_type", rc.Handler)
+	}
+	wrapper, err := os.ReadFile(filepath.Join(dir, "containerd-shim-"+string(runtimeType[1])+"-v2"))
+	if err != nil {
+		t.Fatalf("runtime_type io.containerd.%s.v2 needs a shim of that name: %v", runtimeType[1], err)
+	}
+	if !strings.Contains(string(wrapper), "napitapctl launch") || !strings.Contains(string(wrapper), "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2") {
+		t.Error("the shim wrapper does not exec runtime-rs's shim through napitapctl launch")
+	}
+	if !strings.Contains(string(toml), "runtime-rs/configuration-") {
+		t.Error("containerd-config.toml does not point ConfigPath at a runtime-rs configuration")
 	}
 }

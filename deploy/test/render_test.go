@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
@@ -51,11 +52,12 @@ func (o object) String() string {
 
 // kinds are the types decodeStrict decodes, by "<apiVersion> <kind>".
 var kinds = map[string]func() any{
-	"v1 Namespace":      func() any { return &corev1.Namespace{} },
-	"v1 ServiceAccount": func() any { return &corev1.ServiceAccount{} },
-	"v1 Pod":            func() any { return &corev1.Pod{} },
-	"v1 ConfigMap":      func() any { return &corev1.ConfigMap{} },
-	"apps/v1 DaemonSet": func() any { return &appsv1.DaemonSet{} },
+	"v1 Namespace":                func() any { return &corev1.Namespace{} },
+	"v1 ServiceAccount":           func() any { return &corev1.ServiceAccount{} },
+	"v1 Pod":                      func() any { return &corev1.Pod{} },
+	"v1 ConfigMap":                func() any { return &corev1.ConfigMap{} },
+	"node.k8s.io/v1 RuntimeClass": func() any { return &nodev1.RuntimeClass{} },
+	"apps/v1 DaemonSet":           func() any { return &appsv1.DaemonSet{} },
 	"rbac.authorization.k8s.io/v1 ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
 	"rbac.authorization.k8s.io/v1 ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"rbac.authorization.k8s.io/v1 Role":               func() any { return &rbacv1.Role{} },
