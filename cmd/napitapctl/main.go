@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"os/user"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,9 +111,22 @@ func main() {
 func explain(err error, socket string) string {
 	msg := err.Error()
 	if errors.Is(err, handoff.ErrUnreachable) && errors.Is(err, syscall.EACCES) {
-		msg += fmt.Sprintf("\nnapitapctl: only root and the socket's group may connect to %s: its group (ls -l %s shows it; napitapd --socket-group sets it) must be one of this user's groups (id shows them)", socket, socket)
+		msg += fmt.Sprintf("\nnapitapctl: only root and the socket's group may connect to %s: add this user to %s (id shows its groups; napitapd --socket-group chooses the group)", socket, socketGroup(socket))
 	}
 	return msg
+}
+
+// socketGroup names the group that owns socket, as ls -l would.
+func socketGroup(socket string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(socket, &st); err != nil {
+		return "the socket's group (ls -l shows it)"
+	}
+	gid := strconv.FormatUint(uint64(st.Gid), 10)
+	if g, err := user.LookupGroupId(gid); err == nil {
+		return fmt.Sprintf("group %q (gid %s)", g.Name, gid)
+	}
+	return "gid " + gid
 }
 
 func execCmd(client *handoff.Client, args []string) error {

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -213,6 +215,15 @@ func TestMessages(t *testing.T) {
 		if err := os.Chmod(socket, 0o660); err != nil { // as napitapd makes it
 			t.Fatal(err)
 		}
+		// A group other than root's, so the message must name it: gid 1,
+		// "daemon" on Debian, and nobody is not in it.
+		if err := os.Chown(socket, 0, 1); err != nil {
+			t.Fatal(err)
+		}
+		group, err := user.LookupGroupId("1")
+		if err != nil {
+			t.Fatal(err)
+		}
 		nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 		for _, args := range [][]string{
 			{"--socket", socket, "list"},
@@ -223,8 +234,8 @@ func TestMessages(t *testing.T) {
 			check(t, code, out, 1, []string{
 				"connect: permission denied",
 				"only root and the socket's group may connect to " + socket,
-				"ls -l " + socket,
-				"napitapd --socket-group sets it",
+				fmt.Sprintf("add this user to group %q (gid 1)", group.Name),
+				"napitapd --socket-group chooses the group",
 			}, nil)
 		}
 	})

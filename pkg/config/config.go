@@ -479,12 +479,22 @@ func (c *Config) hasGuestEntry() bool {
 	return false
 }
 
-// RequireAddable checks what only ADD and CHECK need: a chained wiring has
-// the previous plugin's interface to join, and no two settings fight. DEL
-// skips it: old spec versions send DEL without prevResult, a config written
-// before a rule existed must still be deletable, and DEL must clean up
-// anyway.
+// RequireAddable checks what only ADD and CHECK need: no two settings fight
+// (RequireConsistent), and a chained wiring has the previous plugin's
+// interface to join. DEL skips it: old spec versions send DEL without
+// prevResult, a config written before a rule existed must still be
+// deletable, and DEL must clean up anyway.
 func (c *Config) RequireAddable() error {
+	if err := c.RequireConsistent(); err != nil {
+		return err
+	}
+	return c.requirePeer()
+}
+
+// RequireConsistent checks that no two settings fight, which needs no
+// prevResult: STATUS asks it too, so that a config no ADD could take is
+// reported before a pod needs it.
+func (c *Config) RequireConsistent() error {
 	if c.HandoffMode == HandoffFDs && c.Queues > handoff.MaxFDs {
 		return invalid("queues", "%d queues cannot be handed off: one message carries at most %d fds; use \"handoff\": {\"mode\": \"intercept\"} or fewer", c.Queues, handoff.MaxFDs)
 	}
@@ -498,7 +508,7 @@ func (c *Config) RequireAddable() error {
 	if !c.VnetHdr && c.RuntimeOpensByName() {
 		return invalid("vnetHdr", "false cannot hold with \"handoff\" mode %q: the runtime opens the tap by name and its TUNSETIFF decides IFF_VNET_HDR", c.HandoffMode)
 	}
-	return c.requirePeer()
+	return nil
 }
 
 // KernelNeeds lists what the config asks of the kernel, each with the

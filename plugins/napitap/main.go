@@ -430,6 +430,9 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := conf.RequireConsistent(); err != nil {
+		return err
+	}
 	if err := requireKernel(conf); err != nil {
 		return err
 	}

@@ -557,6 +557,34 @@ func TestKernelThatCannotServeTheConfigIsReported(t *testing.T) {
 	}
 }
 
+// TestStatusRefusesAConfigNoADDCouldTake: STATUS answers code 7 naming the
+// field for settings that fight, as ADD would, instead of reporting ready.
+func TestStatusRefusesAConfigNoADDCouldTake(t *testing.T) {
+	cases := []struct{ name, conf, field string }{
+		{"more queues than one hand-off message carries", `"queues":254,"handoff":{"mode":"fds"}`, "queues"},
+		{"a Kata DAN file with the fd hand-off", `"kataDan":{"enabled":true},"handoff":{"mode":"fds"}`, "kataDan"},
+		{"vnetHdr off where the runtime opens the tap by name", `"vnetHdr":false,"handoff":{"mode":"intercept"}`, "vnetHdr"},
+	}
+	for _, tc := range cases {
+		t.Run("STATUS of "+tc.name+" is code 7 naming "+tc.field, func(t *testing.T) {
+			cmd := exec.Command(binDir+"/napitap")
+			cmd.Env = []string{"CNI_COMMAND=STATUS", "CNI_PATH=" + binDir}
+			cmd.Stdin = strings.NewReader(`{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap",` + tc.conf + `}`)
+			out, err := cmd.Output()
+			if err == nil {
+				t.Fatalf("STATUS succeeded: %s", out)
+			}
+			var cniErr types.Error
+			if err := json.Unmarshal(out, &cniErr); err != nil {
+				t.Fatalf("stdout is not a CNI error: %q", out)
+			}
+			if cniErr.Code != types.ErrInvalidNetworkConfig || !strings.Contains(cniErr.Msg, tc.field) {
+				t.Errorf("got code %d %q, want code 7 naming %s", cniErr.Code, cniErr.Msg, tc.field)
+			}
+		})
+	}
+}
+
 func TestNAPIKnobsAreApplied(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	list := e.List("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
