@@ -23,8 +23,11 @@ TEST_TIMEOUT ?= 20m
 # builds what `kubectl apply -k deploy/` runs (deploy/test checks that they
 # agree). For another: make image deploy-manifests IMAGE=REGISTRY/napitap:TAG
 IMAGE     ?= ghcr.io/napitap/napitap:latest
-# Where deploy-manifests writes deploy/ rendered with IMAGE (not tracked).
+# Where deploy-manifests writes DEPLOY rendered with IMAGE (not tracked).
+# DEPLOY: deploy, or an overlay such as deploy/overlays/nonroot-vmm, or
+# deploy/examples (its pod runs napitapctl from the same image).
 MANIFESTS ?= $(BIN)/napitap.yaml
+DEPLOY    ?= deploy
 
 # Every package but the real-node e2e, which builds Kubernetes first
 # (make e2e-node).
@@ -87,12 +90,12 @@ image:
 print-image:
 	@echo $(IMAGE)
 
-# deploy/ rendered with kustomize's image override to IMAGE, into MANIFESTS:
+# DEPLOY rendered with kustomize's image override to IMAGE, into MANIFESTS:
 # kubectl apply -f $(MANIFESTS). Edits no tracked file.
 deploy-manifests:
 	@mkdir -p $(dir $(MANIFESTS))
-	cd deploy/test && $(GO) run ./cmd/render-deploy --image '$(IMAGE)' --dir ../../deploy -o '$(abspath $(MANIFESTS))'
-	@echo "$(MANIFESTS): deploy/ with image $(IMAGE); kubectl apply -f $(MANIFESTS)"
+	cd deploy/test && $(GO) run ./cmd/render-deploy --image '$(IMAGE)' --dir '$(abspath $(DEPLOY))' -o '$(abspath $(MANIFESTS))'
+	@echo "$(MANIFESTS): $(DEPLOY) with image $(IMAGE); kubectl apply -f $(MANIFESTS)"
 
 # Each fuzz target for a bounded number of inputs (CI); FUZZTIME=10m for long
 # runs. A count, not a duration: Go 1.26's coordinator can report its own

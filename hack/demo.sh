@@ -59,6 +59,8 @@ note "two \"eth0\": the first, in $pod, is the pod's veth (bridge made it, napit
 
 say "the tap in the pod netns (ip -d link show tap0)"
 ip -n "$pod" -d link show tap0
+note "tun type tap multi_queue: one device whose 4 queues are 4 fds; alias: napitap's mark of this attachment" \
+	"(DEL and GC delete only a tap that carries it); qdisc: the tap's root qdisc."
 say "its NAPI knobs"
 sysfs=/sys/class/net/tap0
 flags=$(ip netns exec "$pod" cat $sysfs/tun_flags)
@@ -70,6 +72,8 @@ note "IFF_NAPI $napi; these are the device's flags, the first attacher's (docs/D
 say "tc redirect filters (eth0 <-> tap0)"
 ip netns exec "$pod" tc filter show dev eth0 ingress
 ip netns exec "$pod" tc filter show dev tap0 ingress
+note "eth0's ingress redirects every frame to tap0 (towards the guest), tap0's ingress every frame to eth0" \
+	"(from the guest): the guest uses eth0's MAC and addresses, and the pod's own stack sees no traffic."
 
 say "napitapd holds the NAPI queues until the VMM fetches them (napitapctl list)"
 napitapctl list

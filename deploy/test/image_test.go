@@ -116,6 +116,29 @@ func TestDeployManifests(t *testing.T) {
 	}
 }
 
+// `make deploy-manifests DEPLOY=dir` renders the overlay or the examples
+// with IMAGE too: every container of theirs that runs napitap's image runs
+// the one given.
+func TestDeployManifestsOfAnOverlayOrTheExamples(t *testing.T) {
+	const ref = "registry.example/napitap:v2"
+	for _, dir := range []string{"deploy/overlays/nonroot-vmm", "deploy/examples"} {
+		t.Run(dir+" runs the image given", func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "napitap.yaml")
+			makeVar(t, "deploy-manifests", "IMAGE="+ref, "MANIFESTS="+out, "DEPLOY="+dir)
+			y, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(y), "ghcr.io/napitap/napitap") {
+				t.Errorf("%s still names ghcr.io/napitap/napitap", dir)
+			}
+			if n := strings.Count(string(y), "image: "+ref); n == 0 {
+				t.Errorf("no container of %s runs %s", dir, ref)
+			}
+		})
+	}
+}
+
 func TestImageReference(t *testing.T) {
 	tests := []struct{ ref, name, tag, digest string }{
 		{"ghcr.io/napitap/napitap:latest", "ghcr.io/napitap/napitap", "latest", ""},
