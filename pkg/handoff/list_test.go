@@ -66,3 +66,27 @@ func TestListPageAsDocumented(t *testing.T) {
 		t.Errorf("README.md does not say %q", want)
 	}
 }
+
+// TestAKeylessFetchNeedsOneAttachmentInTheNetns: a VMM in the pod may fetch
+// without a key, and napitapd picks the attachment by the caller's netns;
+// with two there it cannot choose, says how many, and hands out nothing.
+func TestAKeylessFetchNeedsOneAttachmentInTheNetns(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod, d, c := newPodAndDaemon(t)
+	keys := []handoff.Key{{ContainerID: "vm", IfName: "net1"}, {ContainerID: "vm", IfName: "net2"}}
+	for i, key := range keys {
+		tap := fmt.Sprintf("napiho%d", 8+i)
+		register(t, c, attachmentFor(pod, key, "net-a", tap, 2), newTap(t, pod, tap, 2, nil, nil))
+	}
+	res := runPeer(t, d.socket, helperArgs{netns: pod.Path(), op: "fetch"})
+	if res.Code != handoff.CodeBadRequest || !strings.Contains(res.Err, "2 attachments in the caller's netns: name one") || res.FDs != 0 {
+		t.Errorf("two attachments: code %q %q with %d fds, want bad-request naming the count and no fds", res.Code, res.Err, res.FDs)
+	}
+	if err := c.Release(keys[1]); err != nil {
+		t.Fatal(err)
+	}
+	res = runPeer(t, d.socket, helperArgs{netns: pod.Path(), op: "fetch"})
+	if res.Code != "" || res.FDs != 2 || len(res.TapNames) != 2 || res.TapNames[0] != "napiho8" {
+		t.Errorf("one attachment left: code %q %q, %d fds of %v, want the 2 queues of napiho8", res.Code, res.Err, res.FDs, res.TapNames)
+	}
+}
