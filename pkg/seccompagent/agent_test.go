@@ -461,3 +461,38 @@ func TestNAPIKnobsHoldForQueuesTheRuntimeAttaches(t *testing.T) {
 	}
 	t.Logf("%d threaded NAPI instances; GRO probe frame lengths %v", res.NAPIThreads, res.SKBLens)
 }
+
+// TestNAPIFragsOnlyForACallerTheKernelWouldGiveThem: napitapd's TUNSETIFF
+// passes the kernel's CAP_NET_ADMIN check for IFF_NAPI_FRAGS with its own
+// capabilities, so the agent adds the flag only for a caller that could
+// have asked for it itself; any other caller still gets IFF_NAPI.
+func TestNAPIFragsOnlyForACallerTheKernelWouldGiveThem(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "seccomp")
+	const tap = "napiscf"
+	newTap(t, pod, tapSpec{name: tap, multiQueue: true})
+	ta := startAgent(t, slog.LevelInfo)
+	ta.manage(t, pod, tap, Target{NAPI: true, NAPIFrags: true, MultiQueue: true})
+	tests := []struct {
+		name      string
+		uid, gid  *int
+		wantFrags bool
+	}{
+		{"root with CAP_NET_ADMIN gets IFF_NAPI_FRAGS as the config asks", nil, nil, true},
+		{"an unprivileged caller gets IFF_NAPI without IFF_NAPI_FRAGS", ptr(1234), ptr(1234), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := runTargetProc(t, targetSpec{Netns: pod.Path(), Tap: tap, Queues: 2, Flags: qemuFlags, UID: tc.uid, GID: tc.gid}, ta.socket)
+			for i, e := range res.Errnos {
+				if e != 0 {
+					t.Fatalf("queue %d: TUNSETIFF: %v", i, unix.Errno(e))
+				}
+				if res.Flags[i]&unix.IFF_NAPI == 0 || (res.Flags[i]&unix.IFF_NAPI_FRAGS != 0) != tc.wantFrags {
+					t.Errorf("queue %d: TUNGETIFF flags 0x%x, want IFF_NAPI and IFF_NAPI_FRAGS %v", i, res.Flags[i], tc.wantFrags)
+				}
+			}
+			ta.waitIdle(t)
+		})
+	}
+}

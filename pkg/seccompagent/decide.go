@@ -140,7 +140,22 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 
 	flags := ifr.flags | unix.IFF_NAPI
 	if t.NAPIFrags {
-		flags |= unix.IFF_NAPI_FRAGS
+		// The kernel grants IFF_NAPI_FRAGS only to CAP_NET_ADMIN in the
+		// initial user namespace (docs/DESIGN.md fact 4); napitapd's
+		// TUNSETIFF would pass that check with its own, so ask it of the
+		// caller.
+		frags, err := tunperm.InitNetAdmin(tid)
+		if err != nil {
+			return continueVerdict
+		}
+		if !notifIDValid(listener, n.ID) {
+			return goneVerdict
+		}
+		if frags {
+			flags |= unix.IFF_NAPI_FRAGS
+		} else {
+			log.Warn("napiFrags: the caller lacks CAP_NET_ADMIN in the initial user namespace, which the kernel requires for IFF_NAPI_FRAGS; IFF_NAPI only")
+		}
 	}
 	req, err := unix.NewIfreq(ifr.name)
 	if err != nil {

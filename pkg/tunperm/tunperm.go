@@ -119,6 +119,25 @@ func NetAdmin(pid int, c Creds, netnsFD int) (bool, error) {
 	}
 }
 
+// InitNetAdmin is the kernel's capable(CAP_NET_ADMIN) for pid: the
+// capability in its effective set, and its user namespace the one napitapd
+// runs in, which must be the initial one for napitapd's own capable()
+// checks to pass.
+func InitNetAdmin(pid int) (bool, error) {
+	c, err := Read(pid)
+	if err != nil || c.CapEff&(1<<unix.CAP_NET_ADMIN) == 0 {
+		return false, err
+	}
+	var caller, self unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &caller); err != nil {
+		return false, err
+	}
+	if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
+		return false, err
+	}
+	return caller.Dev == self.Dev && caller.Ino == self.Ino, nil
+}
+
 func errnoErr(e unix.Errno) error {
 	if e == 0 {
 		return nil
