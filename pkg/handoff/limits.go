@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -64,49 +63,10 @@ func (l Limits) Validate() error {
 
 // connTable counts the connections being served.
 type connTable struct {
-	mu     sync.Mutex
-	total  int
-	others int // connections of uids other than root
-	perUID map[uint32]int
+	quota unixsock.UIDQuota
 
 	refusals unixsock.Every // log lines about refused connections
 	failures unixsock.Every // log lines about failed accepts
-}
-
-// admit counts in a connection of uid, or says why it may not have one.
-func (t *connTable) admit(lim Limits, uid uint32) (bool, string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	switch {
-	case t.total >= lim.MaxConns:
-		return false, "napitapd serves as many connections as it may"
-	case uid == 0:
-	case t.perUID[uid] >= lim.MaxConnsPerUID:
-		return false, "the uid holds as many connections as one uid may"
-	case t.others >= lim.MaxConns-lim.MaxConnsPerUID:
-		return false, "uids other than root hold as many connections as they may together"
-	default:
-		if t.perUID == nil {
-			t.perUID = map[uint32]int{}
-		}
-		t.perUID[uid]++
-		t.others++
-	}
-	t.total++
-	return true, ""
-}
-
-// done counts out a connection admit counted in.
-func (t *connTable) done(uid uint32) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.total--
-	if uid != 0 {
-		t.others--
-		if t.perUID[uid]--; t.perUID[uid] == 0 {
-			delete(t.perUID, uid)
-		}
-	}
 }
 
 // listenBacklog bounds the queue of connections napitapd has not accepted
@@ -139,7 +99,7 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 		}
 		return 0, false
 	}
-	if ok, why := s.conns.admit(lim, cred.Uid); !ok {
+	if ok, why := s.conns.quota.Admit(cred.Uid); !ok {
 		conn.Close()
 		if ok, n := s.conns.refusals.Allow(); ok {
 			s.log.Warn("refused connection", "reason", why, "pid", cred.Pid, "uid", cred.Uid,

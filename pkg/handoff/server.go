@@ -109,6 +109,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 	if err := lim.Validate(); err != nil {
 		return err
 	}
+	s.conns.quota.Max, s.conns.quota.MaxPerUID = lim.MaxConns, lim.MaxConnsPerUID
 	if err := setBacklog(l, listenBacklog); err != nil {
 		if errors.Is(err, net.ErrClosed) {
 			return nil
@@ -137,7 +138,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			continue
 		}
 		go func() {
-			defer s.conns.done(uid)
+			defer s.conns.quota.Done(uid)
 			s.serveConn(conn)
 		}()
 	}

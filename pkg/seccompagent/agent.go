@@ -18,18 +18,31 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
-// DefaultMaxListeners bounds the listeners one agent serves: one per
-// container or launched runtime on the node.
-const DefaultMaxListeners = 1024
+const (
+	// DefaultMaxListeners bounds the listeners one agent serves: one per
+	// container or launched runtime on the node.
+	DefaultMaxListeners = 1024
+	// DefaultMaxListenersPerUID bounds those one sender uid other than
+	// root may have served. runc and Kata's shim send as root; a uid of
+	// the socket's group that launches VMMs itself (napitapctl launch)
+	// runs far fewer than 64 on one node, and cannot lock the others out.
+	DefaultMaxListenersPerUID = 64
+)
 
-// ErrFull is returned by Add when the agent serves MaxListeners already.
+// ErrFull is returned by Add when the agent serves as many listeners as
+// it may, in all or for the sender's uid.
 var ErrFull = errors.New("seccomp agent: too many listeners")
 
 // Options tune an Agent; the zero value is fine.
 type Options struct {
 	MaxListeners int // DefaultMaxListeners when 0
+	// MaxListenersPerUID: DefaultMaxListenersPerUID when 0, and at most
+	// half of MaxListeners.
+	MaxListenersPerUID int
 	// AttachLevel is the log level of "attached with NAPI", one line per
 	// queue; Info when zero.
 	AttachLevel slog.Level
@@ -38,10 +51,10 @@ type Options struct {
 // Agent answers TUNSETIFF notifications for any number of listeners, one
 // goroutine each, parked in Go's poller between notifications.
 type Agent struct {
-	reg          Registry
-	log          *slog.Logger
-	maxListeners int
-	attachLevel  slog.Level
+	reg         Registry
+	log         *slog.Logger
+	quota       unixsock.UIDQuota // listeners per sender uid
+	attachLevel slog.Level
 
 	mu        sync.Mutex
 	listeners map[*os.File]string
@@ -59,16 +72,21 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	if opts.MaxListeners <= 0 {
 		opts.MaxListeners = DefaultMaxListeners
 	}
+	if opts.MaxListenersPerUID <= 0 {
+		opts.MaxListenersPerUID = DefaultMaxListenersPerUID
+	}
+	opts.MaxListenersPerUID = max(1, min(opts.MaxListenersPerUID, opts.MaxListeners/2))
 	return &Agent{
-		reg: reg, log: logger, maxListeners: opts.MaxListeners, attachLevel: opts.AttachLevel,
+		reg: reg, log: logger, attachLevel: opts.AttachLevel,
+		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
 		listeners: map[*os.File]string{},
 	}, nil
 }
 
 // Add serves the seccomp listener fd until every process under its filter
-// has exited. The agent owns fd from then on, error or not. origin names
-// the sender in logs.
-func (a *Agent) Add(fd int, origin string) error {
+// has exited. The agent owns fd from then on, error or not. uid is the
+// sender's, for its share of the listeners; origin names it in logs.
+func (a *Agent) Add(fd int, uid uint32, origin string) error {
 	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil || target != "anon_inode:seccomp notify" {
 		unix.Close(fd)
 		return fmt.Errorf("listener from %s: fd is %q, not a seccomp listener", origin, target)
@@ -86,13 +104,13 @@ func (a *Agent) Add(fd int, origin string) error {
 		f.Close()
 		return fmt.Errorf("listener from %s: agent closed", origin)
 	}
-	if len(a.listeners) >= a.maxListeners {
+	if ok, why := a.quota.Admit(uid); !ok {
 		f.Close()
-		return fmt.Errorf("listener from %s: %w (%d)", origin, ErrFull, a.maxListeners)
+		return fmt.Errorf("listener from %s: %w: %s (%d in all, %d per uid other than root)", origin, ErrFull, why, a.quota.Max, a.quota.MaxPerUID)
 	}
 	a.listeners[f] = origin
 	a.wg.Add(1)
-	go a.serve(f, origin)
+	go a.serve(f, uid, origin)
 	return nil
 }
 
@@ -121,8 +139,9 @@ func (a *Agent) isClosed() bool {
 	return a.closed
 }
 
-func (a *Agent) serve(f *os.File, origin string) {
+func (a *Agent) serve(f *os.File, uid uint32, origin string) {
 	defer a.wg.Done()
+	defer a.quota.Done(uid)
 	log := a.log.With("listener", origin)
 	exited := false
 	defer func() {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os/exec"
@@ -494,5 +495,57 @@ func TestNAPIFragsOnlyForACallerTheKernelWouldGiveThem(t *testing.T) {
 			}
 			ta.waitIdle(t)
 		})
+	}
+}
+
+// TestOneSenderUIDCannotTakeEveryListener: a member of the seccomp
+// socket's group that sends listener after listener gets its share and no
+// more, other uids get theirs, and root (runc, Kata's shim) always finds
+// room. The listeners are real, each the filter of a thread kept alive
+// until the test ends.
+func TestOneSenderUIDCannotTakeEveryListener(t *testing.T) {
+	nstest.RequireRoot(t)
+	agent, err := New(&MapRegistry{}, slog.New(slog.NewTextHandler(&logBuf{t: t}, nil)), Options{MaxListeners: 6, MaxListenersPerUID: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	t.Cleanup(agent.Close)
+	t.Cleanup(func() { close(hold) }) // first: the threads end, then the agent closes
+	add := func(uid uint32) error {
+		errc := make(chan error, 1)
+		onThreadThatEnds(func() {
+			l, err := installFilter(filterFlags)
+			if err == nil {
+				err = agent.Add(l, uid, fmt.Sprintf("uid %d", uid))
+			}
+			errc <- err
+			<-hold
+		})
+		return <-errc
+	}
+	steps := []struct {
+		name string
+		uid  uint32
+		full bool
+	}{
+		{"uid 1234's first listener is served", 1234, false},
+		{"uid 1234's second listener is served", 1234, false},
+		{"uid 1234's third is over its share", 1234, true},
+		{"uid 4321 still gets its first", 4321, false},
+		{"uid 4321 its second", 4321, false},
+		{"a third uid finds the non-root share taken", 5555, true},
+		{"root gets the room kept for it", 0, false},
+		{"root gets the last listener", 0, false},
+		{"root is refused past the limit of all", 0, true},
+	}
+	for i, s := range steps {
+		err := add(s.uid)
+		if got := errors.Is(err, ErrFull); got != s.full || (err != nil && !got) {
+			t.Fatalf("step %d, %s: Add = %v, want full %v", i, s.name, err, s.full)
+		}
+	}
+	if n := agent.Listeners(); n != 6 {
+		t.Errorf("the agent serves %d listeners, want 6", n)
 	}
 }

@@ -178,7 +178,7 @@ func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, attempts i
 			r.err = err
 			return
 		}
-		if err := agent.Add(listener, "restart test"); err != nil {
+		if err := agent.Add(listener, 0, "restart test"); err != nil {
 			r.err = err
 			return
 		}

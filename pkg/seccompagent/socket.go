@@ -99,10 +99,13 @@ func (s *Server) Serve(l *net.UnixListener) error {
 func (s *Server) serveConn(conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(connTimeout))
-	peer := "unknown peer"
-	if cred, err := unixsock.PeerCred(conn); err == nil {
-		peer = fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
+	cred, err := unixsock.PeerCred(conn)
+	if err != nil {
+		// Without a uid the listener cannot be counted against one.
+		s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
+		return
 	}
+	peer := fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
 	b, fds, err := readMessage(conn)
 	if err == nil {
 		var st *specs.ContainerProcessState
@@ -110,7 +113,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		if st, fd, err = parseMessage(b, fds); err == nil {
 			fds = nil // Add owns it now
 			from := origin(st, peer)
-			if err = s.agent.Add(fd, from); err == nil {
+			if err = s.agent.Add(fd, cred.Uid, from); err == nil {
 				s.logListener(st, from, peer)
 			}
 		}
