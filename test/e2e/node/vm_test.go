@@ -118,7 +118,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 				t.Fatalf("pod %s: %v", p.name, err)
 			}
 			c.checkSeccomp(p, tc.wantMerged)
-			att := attachmentOf(t, n, p.sandbox)
+			att := attachmentOf(t, n, p.sandbox, "eth0")
 			attrs, err := tapsetup.ReadSysfs(p.netns, att.TapName)
 			if err != nil || attrs.GROFlushTimeout != groFlushTimeout {
 				t.Fatalf("pod %s: %s gro_flush_timeout %+v (%v), want %d", p.name, att.TapName, attrs, err, groFlushTimeout)
@@ -321,19 +321,19 @@ func (c *cluster) checkSeccomp(p *vmPod, localhost bool) {
 	c.node.CheckSeccomp(t, strings.TrimPrefix(st.Status.ContainerStatuses[0].ContainerID, "containerd://"), localhost)
 }
 
-// attachmentOf is napitapd's record of the sandbox's eth0.
-func attachmentOf(t *testing.T, n *crihelp.Node, sandbox string) handoff.Attachment {
+// attachmentOf is napitapd's record of the sandbox's ifName.
+func attachmentOf(t *testing.T, n *crihelp.Node, sandbox, ifName string) handoff.Attachment {
 	t.Helper()
 	atts, err := (&handoff.Client{Socket: n.Socket}).List()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range atts {
-		if a.ContainerID == sandbox && a.IfName == "eth0" {
+		if a.ContainerID == sandbox && a.IfName == ifName {
 			return a
 		}
 	}
-	t.Fatalf("napitapd has no attachment of %.12s/eth0: %+v", sandbox, atts)
+	t.Fatalf("napitapd has no attachment of %.12s/%s: %+v", sandbox, ifName, atts)
 	return handoff.Attachment{}
 }
 
