@@ -319,17 +319,17 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	checks := []struct {
 		name  string
 		pod   *multusPod
-		check func(p *multusPod)
+		check func(t *testing.T, p *multusPod)
 	}{
-		{"the example pod's cni-args give its tap 8 queues and threaded NAPI", pods[0], func(p *multusPod) {
+		{"the example pod's cni-args give its tap 8 queues and threaded NAPI", pods[0], func(t *testing.T, p *multusPod) {
 			attrs, err := tapsetup.ReadSysfs(p.netns, p.want.TapName)
 			if err != nil || !attrs.Threaded {
 				t.Errorf("pod %s: %s threaded %+v (%v), want on (cni-args threadedNapi)", p.name, p.want.TapName, attrs, err)
 			}
 		}},
-		{"a standalone pod's tap is its net1, with host-local's address on it", pods[1], func(p *multusPod) {}},
-		{"a KubeVirt pod interface gets the tap KubeVirt looks for", pods[2], func(p *multusPod) {}},
-		{"a Kata pod's tap is in the sandbox's DAN file", pods[3], func(p *multusPod) {
+		{"a standalone pod's tap is its net1, with host-local's address on it", pods[1], func(*testing.T, *multusPod) {}},
+		{"a KubeVirt pod interface gets the tap KubeVirt looks for", pods[2], func(*testing.T, *multusPod) {}},
+		{"a Kata pod's tap is in the sandbox's DAN file", pods[3], func(t *testing.T, p *multusPod) {
 			b, err := os.ReadFile(katadan.Path(mn.kataDans, p.sandbox))
 			var f katadan.File
 			if err == nil {
@@ -347,7 +347,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 				t.Fatalf("pod %s: %v", p.name, err)
 			}
 			c.checkNetworkStatus(t, p)
-			tc.check(p)
+			tc.check(t, p)
 		})
 	}
 
