@@ -75,8 +75,9 @@ deploy-test:
 e2e: deps-test build tools
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
 
-# A real node: etcd, kube-apiserver, containerd and kubelet built from the Go
-# module proxy (cached in .cache/k8s-*; the first build takes minutes).
+# A real node: etcd, kube-apiserver, containerd, kubelet and Multus built from
+# the Go module proxy (cached in .cache/k8s-* and .cache/multus-*; the first
+# build takes minutes), running the shipped NADs through Multus.
 e2e-node: deps-test build tools
 	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 

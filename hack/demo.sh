@@ -82,6 +82,9 @@ note "MAC: the guest's (as in the ADD result), not the tap's; HELD: the queue fd
 say "fetch: the step that gives a guest NAPI (napitapctl exec -- napitapctl probe {fds})"
 note "A VMM in the pod runs under napitapctl exec, which fetches the queues and passes them as fds 3..6;" \
 	"here the VMM is a probe that writes 16 TCP segments into fd 3, as a guest would, and counts what leaves the tap."
+note "GRO merges the probe's segments only if it may hold them (docs/DESIGN.md fact 10): the demo sets gro_flush_timeout for the probe;" \
+	"the example leaves it at the kernel's 0, as docs/bench/datapath.md chose (20000 ns made one TCP stream 0.33x a plain queue)."
+ip netns exec "$pod" sh -c "echo 200000 >$sysfs/gro_flush_timeout"
 if ! ip netns exec "$pod" ./bin/napitapctl --socket "$socket" exec -- ./bin/napitapctl probe {fds}; then
 	echo "FAIL: the probe on the fetched queue did not show NAPI merging (see above)" >&2
 	exit 1

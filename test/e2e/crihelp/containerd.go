@@ -62,6 +62,9 @@ type Config struct {
 	HandoffMode string
 	// Queues is napitap's queue count in the first conflist.
 	Queues int
+	// Conflist, if set, makes the conf dir's one conflist instead of
+	// bridge + napitap's (the real-node e2e's Multus).
+	Conflist func(*Node) string
 }
 
 // Node is one containerd (CRI plugin + runc) serving a node netns of the
@@ -452,8 +455,12 @@ func (n *Node) ConflistVersion(cniVersion string, queues int) string {
 // (containerd ignores *.tmp and reloads on the rename).
 func (n *Node) WriteConflist(queues int) {
 	n.t.Helper()
+	conf := n.Conflist(queues)
+	if n.cfg.Conflist != nil {
+		conf = n.cfg.Conflist(n)
+	}
 	tmp := n.ConfFile() + ".tmp"
-	if err := os.WriteFile(tmp, []byte(n.Conflist(queues)), 0o644); err != nil {
+	if err := os.WriteFile(tmp, []byte(conf), 0o644); err != nil {
 		n.t.Fatal(err)
 	}
 	if err := os.Rename(tmp, n.ConfFile()); err != nil {

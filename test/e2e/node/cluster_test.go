@@ -23,7 +23,7 @@ import (
 
 const (
 	k8sVersion = "v1.37.2"
-	nodeIP     = "10.198.0.1" // on the node netns' lo
+	nodeIP     = "10.194.0.1" // on the node netns' lo, outside every shipped example's subnet
 	podSubnet  = "10.197.0.0/24"
 	apiPort    = 6443
 )
@@ -484,8 +484,11 @@ func (c *cluster) sandboxOf(uid string) ([]string, error) {
 
 // podStatus is the part of a pod's status the test reads.
 type podStatus struct {
-	Metadata struct{ UID string }
-	Status   struct {
+	Metadata struct {
+		UID         string
+		Annotations map[string]string
+	}
+	Status struct {
 		Phase             string
 		PodIP             string
 		ContainerStatuses []struct {

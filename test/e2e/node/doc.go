@@ -8,8 +8,10 @@
 // from the Go module proxy by build.sh through the nested wrapper module
 // k8sbuild (whose dependencies never enter napitap's go.mod) and cached in
 // the gitignored .cache/k8s-<version>; the first build takes minutes, a
-// rerun none. Certificates, kubeconfigs and the KubeletConfiguration are
-// made at test time in the temp dir.
+// rerun none. multus.sh builds the Multus thin plugin (v4.2.2) the same
+// way, through multusbuild, into .cache/multus-<version>. Certificates,
+// kubeconfigs and the KubeletConfiguration are made at test time in the
+// temp dir.
 //
 // What is not a real cluster's: no scheduler, controller manager or
 // kube-proxy (pods carry spec.nodeName; the test makes the namespace's
@@ -22,20 +24,28 @@
 // kubelet wants them, so that it changes no setting of the machine.
 //
 // TestKubernetesNode runs VM-like pods on a napitap network in "fds" mode
-// (napitapd holds the queues for napitapctl exec). Its own node for
-// TestVMPodsGetNAPIQueuesThroughTheSeccompAgent has an "intercept" network
-// and napitap's Localhost seccomp profiles, installed by the DaemonSet's
-// init-container command; QEMU (TCG) in its pods opens the tap by name,
-// and GRO on the guest's traffic proves NAPI, against a RuntimeDefault
-// pod.
+// (napitapd holds the queues for napitapctl exec), napitap chained in the
+// node's own conflist. kubelet passes no per-pod CNI args, so it gives
+// pods different queue counts the way a CNI DaemonSet would, by rewriting
+// the node's one conflist between pods and waiting until the CRI plugin
+// has loaded it.
 //
-// One napitap config per node: kubelet passes no per-pod CNI args (only
-// Multus turns a pod's cni-args into napitap's args.cni), so the test
-// gives pods different queue counts the way a CNI DaemonSet would, by
-// rewriting the node's one conflist between pods and waiting until the
-// CRI plugin has loaded it.
+// The other two nodes run Multus as their CNI config (cluster default
+// network: bridge + host-local), with the NetworkAttachmentDefinition CRD
+// and a kubeconfig of Multus' own; Multus runs in a mount namespace where
+// /run/napitap, /run/kata-containers/dans and /var/lib/cni are dirs of the
+// test's, so that the shipped NADs, applied verbatim, reach the test's
+// napitapd and leave nothing on the machine.
+// TestMultusAttachesTheShippedNetworks applies deploy/examples (kubectl
+// apply -k) and the KubeVirt and Kata NADs, and checks each pod's tap,
+// cni-args and network-status. TestVMPodsGetNAPIQueuesThroughTheSeccompAgent
+// attaches the KubeVirt NAD ("intercept") as KubeVirt's pod<hash>
+// interface and installs napitap's Localhost seccomp profiles with the
+// DaemonSet's init-container command; QEMU (TCG, uid 107) in its pods opens
+// the tap by name, and GRO on the guest's traffic proves NAPI, against a
+// RuntimeDefault pod.
 //
-// Needs root, containerd 1.6, runc, nsenter, unshare and QEMU (hack/deps.sh),
-// crictl (hack/crictl.sh) and the build.sh binaries, which the test builds
-// if missing.
+// Needs root, containerd 1.6, runc, nsenter, unshare, busybox and QEMU
+// (hack/deps.sh), crictl (hack/crictl.sh) and the build.sh and multus.sh
+// binaries, which the test builds if missing.
 package node

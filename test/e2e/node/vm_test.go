@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -40,12 +41,14 @@ const (
 )
 
 // TestVMPodsGetNAPIQueuesThroughTheSeccompAgent applies, with kubectl, a
-// VM pod as KubeVirt's virt-launcher is, minus KubeVirt: its pod
-// securityContext names the Localhost seccomp profile napitap/vmm.json,
-// installed into the kubelet's seccomp dir by the DaemonSet's own
-// init-container command, and its container runs QEMU opening the pod's
-// napitap tap by name (-netdev tap,ifname=tap0,queues=2) on an
-// intercept-mode network. kubelet passes the profile through containerd to
+// VM pod as KubeVirt's virt-launcher is, minus KubeVirt: its secondary
+// network is the shipped KubeVirt NAD (deploy/kubevirt/nad.yaml,
+// intercept mode), which Multus attaches as the pod interface KubeVirt
+// names pod<hash>; its pod securityContext names the Localhost seccomp
+// profile napitap/vmm.json, installed into the kubelet's seccomp dir by the
+// DaemonSet's own init-container command; and its container runs QEMU
+// opening the tap KubeVirt looks for by name (-netdev
+// tap,ifname=tap<hash>,queues=2). kubelet passes the profile through containerd to
 // runc, runc hands the container's seccomp listener to napitapd, and
 // napitapd's agent performs QEMU's TUNSETIFFs with IFF_NAPI: the guest's
 // TCP segments are GRO-merged on the tap (DESIGN.md fact 10). The same pod
@@ -62,15 +65,18 @@ func TestVMPodsGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet, Queues: 2, HandoffMode: "intercept",
-		NapitapExtra: fmt.Sprintf(`"groFlushTimeout": %d`, groFlushTimeout)})
+	c := startMultusCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet})
 	n := c.node
+	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"))
 	c.installSeccompProfiles(repo)
 	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
-	gateway, err := crihelp.Gateway(n.Subnet)
-	if err != nil {
-		t.Fatal(err)
-	}
+	podIf := kubeVirtPodIfName(vmNetwork)
+	tap := kubeVirtTapName(podIf)
+	// The pod's network selection as KubeVirt writes it, plus cni-args: 2
+	// queues for QEMU's 2 vCPUs, and a gro_flush_timeout that lets GRO
+	// merge the segments of a TCG guest, which arrive one write at a time
+	// (DESIGN.md fact 10).
+	networks := fmt.Sprintf(`[{"name":"napitap-kubevirt","interface":%q,"cni-args":{"queues":2,"groFlushTimeout":%d}}]`, podIf, groFlushTimeout)
 
 	cases := []struct {
 		name       string
@@ -97,36 +103,47 @@ func TestVMPodsGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 			if err := os.MkdirAll(p.outDir, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			if err := os.Chmod(p.outDir, 0o777); err != nil { // for the non-root QEMU
+				t.Fatal(err)
+			}
 			script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
 echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
-`, gateway, guestSend/65536)
-			// The pod's IP and eth0's MAC, which the guest takes over
-			// (tc-redirect wiring), exist only once CNI ADD has run: the
-			// container fills them in (vmmWrapper).
-			guest := vm.Guest{IP: ipPlaceholder + "/24", Gateway: gateway, MAC: macPlaceholder, Script: script}
-			netdev := "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2"
+`, vmPeer, guestSend/65536)
+			// The pod interface's MAC, which the guest takes over
+			// (tc-redirect wiring), exists only once CNI ADD has run: the
+			// container fills it in (vmmWrapper). The NAD has no IPAM:
+			// the guest's address is its own, as on a KubeVirt L2 network.
+			guest := vm.Guest{IP: vmGuestIP, Gateway: vmPeer, MAC: macPlaceholder, Script: script}
+			netdev := "tap,id=n0,ifname=" + tap + ",script=no,downscript=no,vhost=off,queues=2"
 			argv := vm.QEMUArgs("/guest/"+filepath.Base(kernel), "/guest/"+filepath.Base(initrd), netdev, 2, guest, "/out/serial.log", true)
-			c.apply(c.vmManifest(p.name, tc.seccomp, filepath.Dir(kernel), p.outDir, argv))
-			c.waitVMPodRunning(p)
-			t.Logf("pod %s: Running in %v, sandbox %.12s, pod IP %s, eth0 MAC %s, netns %s",
-				p.name, time.Since(start).Round(time.Millisecond), p.sandbox, p.ip, p.mac, p.netns)
+			c.apply(c.vmManifest(p.name, networks, podIf, tc.seccomp, filepath.Dir(kernel), p.outDir, argv))
+			c.waitVMPodRunning(p, podIf)
+			t.Logf("pod %s: Running in %v, sandbox %.12s, pod IP %s, %s MAC %s, netns %s",
+				p.name, time.Since(start).Round(time.Millisecond), p.sandbox, p.ip, podIf, p.mac, p.netns)
+			c.addVMPeer()
 
-			want := nodecheck.Expect{ContainerID: p.sandbox, IfName: "eth0", TapName: "tap0", Queues: 2, NAPI: true,
+			want := nodecheck.Expect{ContainerID: p.sandbox, IfName: podIf, TapName: tap, Queues: 2, NAPI: true,
 				Wiring: "tc-redirect", Socket: n.Socket, Held: 0}
 			if err := nodecheck.Present(p.netns, want); err != nil {
 				t.Fatalf("pod %s: %v", p.name, err)
 			}
 			c.checkSeccomp(p, tc.wantMerged)
-			att := attachmentOf(t, n, p.sandbox)
+			att := attachmentOf(t, n, p.sandbox, podIf)
+			st, err := c.getPod(p.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("pod %s: NAD napitap-kubevirt (%s): tap %s, %d queues, NAPI %v, wiring %s, %d held, guest MAC %s; network-status %s",
+				p.name, networks, att.TapName, att.Queues, att.NAPI, att.Wiring, att.Held, att.MAC, st.Metadata.Annotations[networkStatusAnnotation])
 			attrs, err := tapsetup.ReadSysfs(p.netns, att.TapName)
 			if err != nil || attrs.GROFlushTimeout != groFlushTimeout {
 				t.Fatalf("pod %s: %s gro_flush_timeout %+v (%v), want %d", p.name, att.TapName, attrs, err, groFlushTimeout)
 			}
 
 			// The peers and the capture first, then QEMU.
-			sink := crihelp.ListenIn(t, n.NetNS, gateway+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, guestSend) })
-			source := crihelp.ListenIn(t, n.NetNS, gateway+":5002", func(c net.Conn) (int64, error) { return io.CopyN(c, crihelp.ZeroReader{}, guestRecv) })
+			sink := crihelp.ListenIn(t, n.NetNS, vmPeer+":5001", func(c net.Conn) (int64, error) { return io.CopyN(io.Discard, c, guestSend) })
+			source := crihelp.ListenIn(t, n.NetNS, vmPeer+":5002", func(c net.Conn) (int64, error) { return io.CopyN(c, crihelp.ZeroReader{}, guestRecv) })
 			capture := crihelp.StartCapture(t, p.netns, att.TapName)
 			if err := os.WriteFile(filepath.Join(p.outDir, "go"), nil, 0o644); err != nil {
 				t.Fatal(err)
@@ -154,7 +171,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			if merged := seen.MaxLen > crihelp.MaxFrame; merged != tc.wantMerged {
 				t.Errorf("GRO merged the guest's segments: %v (%v), want %v", merged, seen, tc.wantMerged)
 			}
-			listeners := c.checkAgentLog(p, tc.wantMerged)
+			listeners := c.checkAgentLog(p, want, tc.wantMerged)
 
 			del := time.Now()
 			c.kubectlMust("delete", "pod", "-n", podNamespace, p.name, "--wait", "--timeout=120s")
@@ -171,8 +188,8 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			t.Errorf("napitapd: %s", line)
 		}
 	}
-	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napinodevm0" {
-		t.Errorf("node netns links after the pods went: %v, want lo and napinodevm0", links)
+	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napinodevm0 "+vmBridge {
+		t.Errorf("node netns links after the pods went: %v, want lo, napinodevm0 and %s (bridges stay, as on a node)", links, vmBridge)
 	}
 	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
@@ -183,30 +200,36 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
 }
 
+// The VM's secondary network: the VMI's network name (KubeVirt hashes it
+// into the pod interface's), the bridge of the KubeVirt NAD, and the
+// addresses of the guest and of its peer on that bridge in the node netns.
+const (
+	vmNetwork = "napitap"
+	vmBridge  = "napitap0"
+	vmPeer    = "10.193.0.1"
+	vmGuestIP = "10.193.0.2/24"
+)
+
 // vmPod is one VM pod as the test made it and the node runs it.
 type vmPod struct {
 	pod
 	outDir string // the container's /out: serial console, QEMU's output
-	mac    string // eth0's, the guest's
+	mac    string // the pod interface's, the guest's
 }
 
-// Placeholders in QEMU's argv that vmmWrapper replaces (QEMUArgs
+// macPlaceholder is in QEMU's argv for vmmWrapper to replace (QEMUArgs
 // lowercases MACs).
-const (
-	ipPlaceholder  = "@pod-ip@"
-	macPlaceholder = "@eth0-mac@"
-)
+const macPlaceholder = "@guest-mac@"
 
 // vmmWrapper is the container's command (bash -c, QEMU's argv as its
-// arguments). It fills in the pod IP (downward API) and eth0's MAC (the
+// arguments). It fills in the MAC of the pod interface $GUEST_NIC (the
 // pod netns' sysfs), waits until the test has its peers and capture ready
 // (/out/go), runs QEMU and then stays until kubectl delete, so that it is
 // kubelet, not QEMU's exit, that ends the pod and runs CNI DEL. As PID 1 it
 // must trap SIGTERM to stop on it.
 const vmmWrapper = `trap 'exit 0' TERM
-mac=$(cat /sys/class/net/eth0/address)
+mac=$(cat /sys/class/net/$GUEST_NIC/address)
 until [ -e /out/go ]; do sleep 0.2; done
-set -- "${@//` + ipPlaceholder + `/$POD_IP}"
 set -- "${@//` + macPlaceholder + `/$mac}"
 "$@" >/out/qemu.log 2>&1
 echo "qemu exited $?" >/out/qemu.exit
@@ -215,10 +238,12 @@ sleep 86400 & wait
 
 // vmManifest is a VM pod bound to the node: QEMU in a container of
 // vmmRef with the host's /usr, the guest's dir and outDir mounted
-// (hostPath), /dev/net/tun as a hostPath device (what KubeVirt's device
-// plugin gives virt-launcher; runc's default device rules allow it), and
-// seccomp as the pod's seccompProfile. JSON is YAML to kubectl.
-func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outDir string, argv []string) string {
+// (hostPath), a tun device as a hostPath device at /dev/net/tun (what
+// KubeVirt's device plugin gives virt-launcher; runc's default device
+// rules allow it), and
+// seccomp as the pod's seccompProfile, and networks as its Multus network
+// selection, whose interface guestNIC is. JSON is YAML to kubectl.
+func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string]any, guestDir, outDir string, argv []string) string {
 	hostPath := func(name, path, typ string) map[string]any {
 		return map[string]any{"name": name, "hostPath": map[string]any{"path": path, "type": typ}}
 	}
@@ -228,7 +253,8 @@ func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outD
 	manifest := map[string]any{
 		"apiVersion": "v1",
 		"kind":       "Pod",
-		"metadata":   map[string]any{"name": name, "namespace": podNamespace, "labels": map[string]any{"app": "napitap-vm"}},
+		"metadata": map[string]any{"name": name, "namespace": podNamespace, "labels": map[string]any{"app": "napitap-vm"},
+			"annotations": map[string]any{networksAnnotation: networks}},
 		"spec": map[string]any{
 			"nodeName":                      c.nodeName,
 			"automountServiceAccountToken":  false,
@@ -236,15 +262,17 @@ func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outD
 			"dnsPolicy":                     "Default",
 			"restartPolicy":                 "Never",
 			"terminationGracePeriodSeconds": 10,
-			"securityContext":               map[string]any{"seccompProfile": seccomp},
+			// Non-root QEMU as KubeVirt runs it: uid/gid 107, the owner and
+			// group the KubeVirt NAD gives the tap (without CAP_NET_ADMIN
+			// only they may attach it).
+			"securityContext": map[string]any{"seccompProfile": seccomp, "runAsUser": 107, "runAsGroup": 107},
 			"containers": []any{map[string]any{
 				"name":            "vmm",
 				"image":           vmmRef,
 				"imagePullPolicy": "Never",
 				"command":         []string{"/bin/bash", "-c", vmmWrapper, "vmm"},
 				"args":            argv,
-				"env": []any{map[string]any{"name": "POD_IP",
-					"valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}}},
+				"env":             []any{map[string]any{"name": "GUEST_NIC", "value": guestNIC}},
 				"volumeMounts": []any{
 					mount("host-usr", "/usr", true),
 					mount("ld-so-cache", "/etc/ld.so.cache", true),
@@ -258,7 +286,7 @@ func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outD
 				hostPath("ld-so-cache", "/etc/ld.so.cache", "File"),
 				hostPath("guest", guestDir, "Directory"),
 				hostPath("out", outDir, "Directory"),
-				hostPath("tun", "/dev/net/tun", "CharDevice"),
+				hostPath("tun", c.tunDevice(), "CharDevice"),
 			},
 		},
 	}
@@ -270,8 +298,8 @@ func (c *cluster) vmManifest(name string, seccomp map[string]any, guestDir, outD
 }
 
 // waitVMPodRunning waits until the pod is Ready and fills in what the node
-// made of it: sandbox, netns, IP, eth0's MAC.
-func (c *cluster) waitVMPodRunning(p *vmPod) {
+// made of it: sandbox, netns, IP, the MAC of the pod interface guestNIC.
+func (c *cluster) waitVMPodRunning(p *vmPod, guestNIC string) {
 	t := c.t
 	t.Helper()
 	if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout=180s"); err != nil {
@@ -298,7 +326,7 @@ func (c *cluster) waitVMPodRunning(p *vmPod) {
 		t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
 	}
 	err = ns.WithNetNSPath(p.netns, func(ns.NetNS) error {
-		l, err := netlink.LinkByName("eth0")
+		l, err := netlink.LinkByName(guestNIC)
 		if err == nil {
 			p.mac = l.Attrs().HardwareAddr.String()
 		}
@@ -307,6 +335,43 @@ func (c *cluster) waitVMPodRunning(p *vmPod) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// tunDevice is a tun device node (10:200) that the non-root QEMU may
+// open, as KubeVirt's device plugin makes /dev/net/tun for virt-launcher:
+// the machine's own may be root's only (0600), and stays as it is.
+func (c *cluster) tunDevice() string {
+	path := filepath.Join(c.root, "tun")
+	if crihelp.Exists(path) {
+		return path
+	}
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 200))); err != nil {
+		c.t.Fatalf("mknod %s: %v", path, err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil { // past the umask
+		c.t.Fatal(err)
+	}
+	return path
+}
+
+// addVMPeer puts the guest's peer address on the KubeVirt NAD's bridge in
+// the node netns, once the bridge plugin has made it.
+func (c *cluster) addVMPeer() {
+	c.t.Helper()
+	c.node.NetNS.Run(c.t, func() error {
+		br, err := netlink.LinkByName(vmBridge)
+		if err != nil {
+			return err
+		}
+		addr, err := netlink.ParseAddr(vmPeer + "/24")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrReplace(br, addr); err != nil {
+			return fmt.Errorf("bridge %s: %w", vmBridge, err)
+		}
+		return nil
+	})
 }
 
 // checkSeccomp: kubelet resolved the pod's profile and containerd put it,
@@ -321,19 +386,19 @@ func (c *cluster) checkSeccomp(p *vmPod, localhost bool) {
 	c.node.CheckSeccomp(t, strings.TrimPrefix(st.Status.ContainerStatuses[0].ContainerID, "containerd://"), localhost)
 }
 
-// attachmentOf is napitapd's record of the sandbox's eth0.
-func attachmentOf(t *testing.T, n *crihelp.Node, sandbox string) handoff.Attachment {
+// attachmentOf is napitapd's record of the sandbox's ifName.
+func attachmentOf(t *testing.T, n *crihelp.Node, sandbox, ifName string) handoff.Attachment {
 	t.Helper()
 	atts, err := (&handoff.Client{Socket: n.Socket}).List()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range atts {
-		if a.ContainerID == sandbox && a.IfName == "eth0" {
+		if a.ContainerID == sandbox && a.IfName == ifName {
 			return a
 		}
 	}
-	t.Fatalf("napitapd has no attachment of %.12s/eth0: %+v", sandbox, atts)
+	t.Fatalf("napitapd has no attachment of %.12s/%s: %+v", sandbox, ifName, atts)
 	return handoff.Attachment{}
 }
 
@@ -454,7 +519,7 @@ func (c *cluster) installSeccompProfiles(repo string) {
 // queues were attached with NAPI; without it, napitapd heard nothing from
 // the pod. It returns the listeners napitapd served for the pod, by the
 // name its log gives them.
-func (c *cluster) checkAgentLog(p *vmPod, napi bool) []string {
+func (c *cluster) checkAgentLog(p *vmPod, want nodecheck.Expect, napi bool) []string {
 	t := c.t
 	t.Helper()
 	log := c.node.Napitapd.ReadLog()
@@ -468,7 +533,7 @@ func (c *cluster) checkAgentLog(p *vmPod, napi bool) []string {
 			}
 			t.Logf("napitapd: %s", line)
 		}
-		if strings.Contains(line, `msg="attached the caller's queue with NAPI"`) && strings.Contains(line, "attachment="+p.sandbox+"/eth0") {
+		if strings.Contains(line, `msg="attached the caller's queue with NAPI"`) && strings.Contains(line, "attachment="+p.sandbox+"/"+want.IfName) {
 			attached = append(attached, line)
 			t.Logf("napitapd: %s", line)
 		}
@@ -488,7 +553,7 @@ func (c *cluster) checkAgentLog(p *vmPod, napi bool) []string {
 			}
 		}
 	}
-	if len(attached) != 2 || !strings.Contains(strings.Join(attached, "\n"), "tap=tap0") {
+	if len(attached) != 2 || !strings.Contains(strings.Join(attached, "\n"), "tap="+want.TapName) {
 		t.Errorf("napitapd attached %d of QEMU's queues with NAPI, want 2:\n%s", len(attached), crihelp.Tail(log, 3000))
 	}
 	return served
