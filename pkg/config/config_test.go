@@ -102,6 +102,7 @@ func TestLoadAppliesDefaults(t *testing.T) {
 		{"groFlushTimeout is unset by default", c.GROFlushTimeout == nil, true},
 		{"napiDeferHardIrqs is unset by default", c.NAPIDeferHardIRQs == nil, true},
 		{"txQueueLen is unset by default", c.TxQueueLen == nil, true},
+		{"the root qdisc is noqueue by default", c.RootQdisc, config.RootQdiscNoqueue},
 		{"owner is unset by default", c.Owner == nil, true},
 		{"group is unset by default", c.Group == nil, true},
 	}
@@ -117,7 +118,7 @@ func TestLoadAppliesDefaults(t *testing.T) {
 func TestLoadKeepsGivenValues(t *testing.T) {
 	c := mustLoad(t, conf(`"queues":8,"napi":true,"napiFrags":true,"threadedNapi":true,`+
 		`"groFlushTimeout":20000,"napiDeferHardIrqs":2,"vnetHdr":false,"vnetHdrSize":10,"mtu":9000,`+
-		`"mac":"02:00:00:00:00:01","txQueueLen":0,"owner":0,"group":107,"tapName":"vmtap0"`), att("net1"))
+		`"mac":"02:00:00:00:00:01","txQueueLen":0,"rootQdisc":"mq","owner":0,"group":107,"tapName":"vmtap0"`), att("net1"))
 	tests := []struct {
 		name      string
 		got, want any
@@ -132,6 +133,7 @@ func TestLoadKeepsGivenValues(t *testing.T) {
 		{"mtu is kept", c.MTU, 9000},
 		{"mac is parsed", c.MAC.String(), "02:00:00:00:00:01"},
 		{"a zero txQueueLen is kept, not dropped", *c.TxQueueLen, 0},
+		{"the root qdisc mq is kept", c.RootQdisc, config.RootQdiscMQ},
 		{"owner 0 (root) is kept, not dropped", *c.Owner, uint32(0)},
 		{"group is kept", *c.Group, uint32(107)},
 		{"a given tap name is used", c.TapName, "vmtap0"},
@@ -200,6 +202,8 @@ func TestLoadRejectsInvalidConfig(t *testing.T) {
 		{"an mtu of 65522 is rejected naming the field", conf(`"mtu":65522`), "net1", 7, "mtu"},
 		{"a negative mtu is rejected naming the field", conf(`"mtu":-1`), "net1", 7, "mtu"},
 		{"a negative txQueueLen is rejected naming the field", conf(`"txQueueLen":-1`), "net1", 7, "txQueueLen"},
+		{"a root qdisc other than noqueue or mq is rejected naming the field", conf(`"rootQdisc":"fq_codel"`), "net1", 7, "rootQdisc"},
+		{"a root qdisc in the wrong case is rejected naming the field", conf(`"rootQdisc":"NoQueue"`), "net1", 7, "rootQdisc"},
 		{"owner 4294967295 ((uid_t)-1) is rejected naming the field", conf(`"owner":4294967295`), "net1", 7, "owner"},
 		{"group 4294967295 ((gid_t)-1) is rejected naming the field", conf(`"group":4294967295`), "net1", 7, "group"},
 		{"a negative owner is rejected naming the field", conf(`"owner":-1`), "net1", 7, "owner"},
@@ -248,6 +252,7 @@ func TestLoadRejectsInvalidConfig(t *testing.T) {
 		{"a negative napiDeferHardIrqs is rejected naming the field", conf(`"napiDeferHardIrqs":-1`), "net1", 7, "napiDeferHardIrqs"},
 		{"mac as a number is rejected naming the field", conf(`"mac":5`), "net1", 7, "mac"},
 		{"tapName as a number is rejected naming the field", conf(`"tapName":5`), "net1", 7, "tapName"},
+		{"rootQdisc as a number is rejected naming the field", conf(`"rootQdisc":0`), "net1", 7, "rootQdisc"},
 		{"wiring as a boolean is rejected naming the field", conf(`"wiring":true`), "net1", 7, "wiring"},
 		{"runtimeConfig.mac as a number is rejected naming the field", conf(`"runtimeConfig":{"mac":5}`), "net1", 7, "runtimeConfig.mac"},
 
@@ -284,6 +289,8 @@ func TestLoadAcceptsBoundaryValues(t *testing.T) {
 		{"an mtu of 65521 is accepted", `"mtu":65521`},
 		{"an explicit mtu of 0 is accepted as the kernel default", `"mtu":0`},
 		{"a vnetHdrSize of 10 is accepted", `"vnetHdrSize":10`},
+		{"the root qdisc noqueue is accepted", `"rootQdisc":"noqueue"`},
+		{"the root qdisc mq on a single-queue tap is accepted as the kernel's default", `"queues":1,"rootQdisc":"mq"`},
 		{"napiFrags with napi is accepted", `"napi":true,"napiFrags":true`},
 		{"napi off without napiFrags is accepted", `"napi":false`},
 		{"owner 4294967294 is accepted", `"owner":4294967294`},
@@ -815,6 +822,7 @@ func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 		{"args.cni.queues out of range", conf(`"args":{"cni":{"queues":0}}`), ""},
 		{"an unknown wiring", conf(`"wiring":"vxlan"`), ""},
 		{"vnetHdrSize 11", conf(`"vnetHdrSize":11`), ""},
+		{"an unknown root qdisc", conf(`"rootQdisc":"fq"`), ""},
 	}
 	for _, tt := range loaded {
 		t.Run("DEL loads a config with "+tt.name, func(t *testing.T) {

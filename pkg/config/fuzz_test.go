@@ -30,7 +30,7 @@ var fuzzSeeds = []struct {
 	// Valid: standalone, chained in every wiring, CHECK/DEL's final result,
 	// STATUS/GC without an interface.
 	{`{"cniVersion":"1.1.0","name":"n","type":"napitap"}`, "", "tap0", false},
-	{`{"cniVersion":"1.0.0","name":"n","type":"napitap","queues":256,"napi":true,"napiFrags":true,"threadedNapi":true,"groFlushTimeout":200000,"napiDeferHardIrqs":2,"vnetHdr":false,"vnetHdrSize":10,"mtu":9000,"mac":"02:00:00:00:00:01","txQueueLen":1000,"owner":107,"group":107,"tapName":"vmtap","wiring":"none","ipam":{"type":"host-local","subnet":"10.1.0.0/24"},"dns":{"nameservers":["10.1.0.1"]}}`, "", "net1", false},
+	{`{"cniVersion":"1.0.0","name":"n","type":"napitap","queues":256,"napi":true,"napiFrags":true,"threadedNapi":true,"groFlushTimeout":200000,"napiDeferHardIrqs":2,"vnetHdr":false,"vnetHdrSize":10,"mtu":9000,"mac":"02:00:00:00:00:01","txQueueLen":1000,"rootQdisc":"mq","owner":107,"group":107,"tapName":"vmtap","wiring":"none","ipam":{"type":"host-local","subnet":"10.1.0.0/24"},"dns":{"nameservers":["10.1.0.1"]}}`, "", "net1", false},
 	{`{"cniVersion":"1.0.0","name":"n","type":"napitap","queues":4,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"br0","mac":"02:00:00:00:00:aa"},{"name":"eth0","mac":"02:00:00:00:00:bb","sandbox":"/run/netns/napitap-fuzz"}],"ips":[{"address":"10.1.0.2/24","gateway":"10.1.0.1","interface":1}],"routes":[{"dst":"0.0.0.0/0","gw":"10.1.0.1"}]}}`, "", "eth0", false},
 	{`{"cniVersion":"1.1.0","name":"n","type":"napitap","wiring":"bridge","bridge":"br-vm","prevResult":{"cniVersion":"1.1.0","interfaces":[{"name":"net1","mac":"02:00:00:00:00:bb","sandbox":"/run/netns/napitap-fuzz"}]}}`, "", "net1", false},
 	{`{"cniVersion":"1.1.0","name":"n","type":"napitap","wiring":"tc-redirect","tapName":"tapvm","prevResult":{"cniVersion":"1.1.0","interfaces":[{"name":"pod0123456789a","sandbox":"/run/netns/napitap-fuzz"}]}}`, "", "pod0123456789a", false},
@@ -75,6 +75,8 @@ var fuzzSeeds = []struct {
 	{`{"cniVersion":"1.0.0","threadedNapi":true,"args":{"cni":{"napi":false}}}`, "", "tap0", false},
 	{`{"cniVersion":"1.0.0","mtu":65522,"txQueueLen":-1,"napiDeferHardIrqs":2147483648}`, "", "tap0", false},
 	{`{"cniVersion":"1.0.0","owner":4294967295}`, "", "tap0", false},
+	{`{"cniVersion":"1.0.0","rootQdisc":"pfifo_fast"}`, "", "tap0", false},
+	{`{"cniVersion":"1.0.0","rootQdisc":["noqueue"]}`, "", "tap0", false},
 	{`{"cniVersion":"1.0.0","tapName":"tap0123456789abc"}`, "", "tap0", false},
 	{`{"cniVersion":"1.0.0","tapName":"tap\u00000"}`, "", "tap0", false},
 	{`{"cniVersion":"1.0.0","tapName":"tap%d"}`, "", "tap0", false},
@@ -170,6 +172,9 @@ func checkConfig(t *testing.T, c *config.Config, ifName string) {
 	}
 	if c.ThreadedNAPI && !c.NAPI {
 		t.Error("ThreadedNAPI without NAPI")
+	}
+	if c.RootQdisc != config.RootQdiscNoqueue && c.RootQdisc != config.RootQdiscMQ {
+		t.Errorf("RootQdisc %q, want noqueue or mq", c.RootQdisc)
 	}
 	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65521) {
 		t.Errorf("MTU %d, want 0 or 68-65521", c.MTU)
