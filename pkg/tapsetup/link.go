@@ -20,6 +20,8 @@ type Tap struct {
 	VnetHdr    bool
 	Persistent bool
 	Up         bool
+	// RootQdisc is the kind of the root qdisc (RootQdisc).
+	RootQdisc string
 	// Sysfs holds what netlink cannot tell: owner/group as set (-1 unset),
 	// tun_flags, and the NAPI knobs.
 	Sysfs SysfsAttrs
@@ -43,7 +45,8 @@ func Inspect(netnsPath, name string) (*Tap, error) {
 		tap.VnetHdr = tt.Flags&netlink.TUNTAP_VNET_HDR != 0
 		tap.Persistent = !tt.NonPersist
 		tap.Up = tt.Attrs().Flags&net.FlagUp != 0
-		return nil
+		tap.RootQdisc, err = RootQdisc(tt)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("tap %q in netns %s: %w", name, netnsPath, err)

@@ -54,6 +54,9 @@ type Spec struct {
 	MTU         int              // 0 keeps the kernel default
 	MAC         net.HardwareAddr // nil keeps the kernel's random MAC
 	TxQueueLen  *int
+	// RootQdisc is set before the tap first goes up (QdiscNoqueue); empty
+	// leaves the kernel's default to be attached then.
+	RootQdisc string
 	// Alias marks the tap as one attachment's (OwnerAlias), so that DEL
 	// and GC never take another attachment's tap for theirs.
 	Alias string
@@ -215,6 +218,11 @@ func applyLinkAttrs(link netlink.Link, spec Spec) error {
 	if spec.TxQueueLen != nil {
 		if err := netlink.LinkSetTxQLen(link, *spec.TxQueueLen); err != nil {
 			return fmt.Errorf("tap %q: set txqueuelen %d: %w", spec.Name, *spec.TxQueueLen, err)
+		}
+	}
+	if spec.RootQdisc != "" {
+		if err := setRootQdisc(link, spec.RootQdisc); err != nil {
+			return fmt.Errorf("tap %q: %w", spec.Name, err)
 		}
 	}
 	if spec.Alias != "" {
