@@ -38,6 +38,9 @@ func checkTap(conf *config.Config, netnsPath string) error {
 			drift = append(drift, fmt.Sprintf("%d queues are attached, config allows %d", tap.Link.Queues, conf.Queues))
 		}
 	}
+	if err := checkRootQdisc(conf, tap); err != nil {
+		drift = append(drift, err.Error())
+	}
 	if conf.MAC != nil {
 		differs("mac", conf.MAC, attrs.HardwareAddr)
 	}
@@ -98,6 +101,24 @@ func checkWiring(conf *config.Config, tap netlink.Link) (drift []string, err err
 		drift = append(drift, wiringErr.Error())
 	}
 	return drift, nil
+}
+
+// checkRootQdisc: noqueue is napitap's, and libvirt sets the same on every
+// tap it opens (DESIGN.md fact 14). mq is the kernel's default; a runtime
+// that opens the tap by name may replace it as libvirt does, which is its
+// own business as the queue count is. A single-queue tap's default is the
+// node's net.core.default_qdisc, which CHECK does not guess.
+func checkRootQdisc(conf *config.Config, tap *tapsetup.Tap) error {
+	have := tap.RootQdisc
+	switch {
+	case conf.RootQdisc == config.RootQdiscNoqueue && have == tapsetup.QdiscNoqueue:
+	case conf.RootQdisc == config.RootQdiscMQ && !tap.MultiQueue && have != tapsetup.QdiscNoqueue:
+	case conf.RootQdisc == config.RootQdiscMQ && have == "mq":
+	case conf.RootQdisc == config.RootQdiscMQ && have == tapsetup.QdiscNoqueue && conf.RuntimeOpensByName():
+	default:
+		return fmt.Errorf("root qdisc is %s, config wants %s", have, conf.RootQdisc)
+	}
+	return nil
 }
 
 func idOrUnset(id *uint32) int64 {

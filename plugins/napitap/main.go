@@ -539,7 +539,7 @@ func queueFlags(conf *config.Config) tapsetup.QueueFlags {
 }
 
 func tapSpec(conf *config.Config) tapsetup.Spec {
-	return tapsetup.Spec{
+	spec := tapsetup.Spec{
 		Name:        conf.TapName,
 		Queues:      conf.Queues,
 		Flags:       queueFlags(conf),
@@ -550,6 +550,11 @@ func tapSpec(conf *config.Config) tapsetup.Spec {
 		MAC:         conf.MAC,
 		TxQueueLen:  conf.TxQueueLen,
 	}
+	// mq is what the kernel attaches when the tap goes up with no qdisc.
+	if conf.RootQdisc == config.RootQdiscNoqueue {
+		spec.RootQdisc = tapsetup.QdiscNoqueue
+	}
+	return spec
 }
 
 func openNetNS(path string) (ns.NetNS, error) {

@@ -165,6 +165,12 @@ func TestTrafficCrossesTheWiring(t *testing.T) {
 				guest.IP = net.IPv4(10, 199, 0, 200)
 			}
 
+			// The peer's traffic reaches the guest through the tap's
+			// transmit, which the root qdisc sits on; tc-redirect's mirred
+			// transmits there too.
+			if q := e.InspectTap(sc.tapName).RootQdisc; q != tapsetup.QdiscNoqueue {
+				t.Errorf("root qdisc %q, want the default %q", q, tapsetup.QdiscNoqueue)
+			}
 			queues := openGuestQueues(t, e, sc.tapName, tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true, NAPI: true})
 			ctx, cancel := context.WithCancel(context.Background())
 			served := make(chan error, 1)
@@ -255,6 +261,9 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 		{"a changed MTU is reported", func(tap, _ netlink.Link) error { return netlink.LinkSetMTU(tap, 1280) }, "mtu is 1280"},
 		{"a tap set down is reported", func(tap, _ netlink.Link) error { return netlink.LinkSetDown(tap) }, "up is false"},
 		{"a removed redirect filter is reported", func(_, peer netlink.Link) error { return tapsetup.UnwireRedirect(peer.Attrs().Name) }, "no redirect filter"},
+		{"a root qdisc replaced by pfifo_fast is reported", func(tap, _ netlink.Link) error {
+			return netlink.QdiscReplace(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: tap.Attrs().Index, Parent: netlink.HANDLE_ROOT}, QdiscType: "pfifo_fast"})
+		}, "root qdisc is pfifo_fast, config wants noqueue"},
 		{"a changed MAC is reported", func(tap, _ netlink.Link) error {
 			return netlink.LinkSetHardwareAddr(tap, net.HardwareAddr{2, 0, 0, 0, 0, 0x99})
 		}, "mac is 02:00:00:00:00:99"},
@@ -323,6 +332,62 @@ func TestCheckWhenTheRuntimeOpensTheTapByName(t *testing.T) {
 				t.Errorf("CHECK: %v, want success", err)
 			case tc.wantCode != 0 && (!errors.As(err, &cniErr) || cniErr.Code != tc.wantCode):
 				t.Errorf("CHECK: %#v, want code %d", err, tc.wantCode)
+			}
+		})
+	}
+}
+
+// TestCheckOfTheRootQdiscWhenLibvirtOpensTheTap: libvirt replaces the root
+// qdisc of every tap it opens with noqueue (DESIGN.md fact 14). That is
+// napitap's default, and with "mq" it is the runtime's business when the
+// runtime opens the tap by name; only with napitap's own fds is it drift.
+func TestCheckOfTheRootQdiscWhenLibvirtOpensTheTap(t *testing.T) {
+	cases := []struct {
+		name, rootQdisc, mode string
+		libvirt               bool
+		wantCode              uint // 0: CHECK passes
+	}{
+		{"the default noqueue passes CHECK after libvirt set noqueue again", "", "intercept", true, 0},
+		{"mq passes CHECK as the kernel attached it", "mq", "fds", false, 0},
+		{"mq replaced by libvirt's noqueue passes CHECK in intercept mode", "mq", "intercept", true, 0},
+		{"mq replaced by libvirt's noqueue passes CHECK with the hand-off off", "mq", "off", true, 0},
+		{"mq replaced by noqueue is drift when napitap's fds are the queues", "mq", "fds", true, config.ErrCheckDrift},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := cnitest.NewEnv(t, binDir)
+			qdisc := ""
+			if tc.rootQdisc != "" {
+				qdisc = fmt.Sprintf(`,"rootQdisc":%q`, tc.rootQdisc)
+			}
+			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2%s,"handoff":{"mode":%q,"socket":"/nonexistent/napitapd.sock"}}`, qdisc, tc.mode))
+			rt := e.RT("eth0")
+			e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
+			want := tapsetup.QdiscNoqueue
+			if tc.rootQdisc == "mq" {
+				want = "mq"
+			}
+			if got := e.InspectTap("tap0").RootQdisc; got != want {
+				t.Errorf("root qdisc after ADD: %q, want %q", got, want)
+			}
+			if tc.libvirt {
+				// What libvirt runs (virNetDevSetRootQDisc).
+				e.Pod.Run(t, func() error {
+					out, err := exec.Command("tc", "qdisc", "replace", "dev", "tap0", "root", "handle", "0:", "noqueue").CombinedOutput()
+					if err != nil {
+						return fmt.Errorf("tc: %v: %s", err, out)
+					}
+					return nil
+				})
+			}
+			err := e.Check(list, rt)
+			var cniErr *types.Error
+			switch {
+			case tc.wantCode == 0 && err != nil:
+				t.Errorf("CHECK: %v, want success", err)
+			case tc.wantCode != 0 && (!errors.As(err, &cniErr) || cniErr.Code != tc.wantCode || !strings.Contains(err.Error(), "root qdisc is noqueue")):
+				t.Errorf("CHECK: %#v, want code %d naming the root qdisc", err, tc.wantCode)
 			}
 		})
 	}
