@@ -1,7 +1,8 @@
 // Package cnibench is `napitap-bench cni`: ADD and DEL latency (p50, p99)
 // and peak RSS of napitap against the reference tap plugin, each plugin
 // exec'd as a runtime does, interleaved in one run; then bursts of pods
-// added and deleted concurrently with their queues handed to a napitapd.
+// added and deleted concurrently, napitap's with their queues handed to a
+// napitapd, and the kernel slab each pod costs.
 // It writes cni.md and cni-latency.svg under --out.
 package cnibench
 
@@ -60,14 +61,15 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.iterations, "iterations", 200, "interleaved ADD+DEL rounds of every variant")
 	fs.IntVar(&o.warmup, "warmup", 3, "unrecorded rounds before the measured ones")
 	fs.DurationVar(&o.settle, "settle", 50*time.Millisecond, "pause after each round's ADDs and after its DELs")
-	bursts := fs.String("bursts", "1,50,200", "pods per concurrent burst, comma-separated (empty: no bursts)")
+	bursts := fs.String("bursts", "1,50,200,500", "pods per concurrent burst, comma-separated (empty: no bursts)")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for cni.md and cni-latency.svg")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(binaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
 	fs.BoolVar(&o.strace, "strace", false, "afterwards, trace one ADD and DEL of (a), (b4) and (d) with strace -f --seccomp-bpf -tt -T (napitapd too, for d); traces and summaries go to --out")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench cni [flags]   (as root)\n\n"+
 			"ADD/DEL latency and peak RSS: (a) reference tap plugin, (b) napitap 1 plain queue, (b4) napitap 4 NAPI queues,\n"+
-			"(c) bridge + napitap 4 NAPI tc-redirect, (d) the same with hand-off to napitapd; then concurrent bursts.\n\n")
+			"(c) bridge + napitap 4 NAPI tc-redirect, (d) the same with hand-off to napitapd; then concurrent bursts of napitap\n"+
+			"(root qdisc noqueue, then mq) and the reference plugin's multiqueue tap, with the kernel slab per pod.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

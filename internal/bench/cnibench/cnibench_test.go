@@ -104,16 +104,20 @@ func fakeReport() *Report {
 				DelSteps: []Series{series(ms(30, 31, 35), 12<<20), series(ms(20, 20, 25), 10<<20)}},
 		},
 		Bursts: []BurstResult{
-			{Pods: 200, AddWall: time.Second, DelWall: 3 * time.Second, Add: Series{Wall: ms(100, 200), CPU: ms(100, 200), MaxRSS: 14 << 20, SysTotal: 150 * time.Millisecond}, Del: series(ms(300), 10<<20),
-				Holding: DaemonStats{VmRSS: 20 << 20, VmHWM: 21 << 20, FDs: 810}, HeldAttachments: 200, HeldQueues: 800,
-				SlabBefore: 1 << 30, SlabHolding: 1<<30 + 200*(6<<20)},
+			{Kind: "napitap", Label: "napitap <noqueue>", Pods: 200, AddWall: time.Second, DelWall: 3 * time.Second,
+				Add: Series{Wall: ms(100, 200), CPU: ms(100, 200), MaxRSS: 14 << 20, SysTotal: 150 * time.Millisecond}, Del: series(ms(300), 10<<20),
+				Handoff: true, Holding: DaemonStats{VmRSS: 20 << 20, VmHWM: 21 << 20, FDs: 810}, HeldAttachments: 200, HeldQueues: 800,
+				SlabBefore: Slab{1 << 30, 1 << 29}, SlabHolding: Slab{1<<30 + 200*(3<<18), 1<<29 + 200*(1<<18)}, SlabAfter: Slab{1<<30 + 200*(1<<10), 1 << 29}},
+			{Kind: "tap", Label: "tap plugin", Pods: 200, AddWall: time.Second, DelWall: time.Second,
+				Add: series(ms(100), 9<<20), Del: series(ms(100), 9<<20),
+				SlabBefore: Slab{1 << 30, 1 << 29}, SlabHolding: Slab{1<<30 + 200*(6<<20), 1<<29 + 200*(6<<20)}, SlabAfter: Slab{1 << 30, 1 << 29}},
 		},
 	}
 }
 
 func TestGoals(t *testing.T) {
 	goals := fakeReport().Goals()
-	if len(goals) != 4 {
+	if len(goals) != 6 {
 		t.Fatalf("%d goals: %+v", len(goals), goals)
 	}
 	want := []struct {
@@ -123,7 +127,9 @@ func TestGoals(t *testing.T) {
 		{true, "0.50x (6.0 ms vs 12.0 ms)"},
 		{false, "1.14x (25.0 ms vs 22.0 ms)"},
 		{true, "14.0 MiB"}, // the burst's exec, above every other
-		{true, "21.0 MiB (VmRSS 20.0 MiB)"},
+		{true, "21.0 MiB (VmRSS 20.0 MiB, 810 fds)"},
+		{false, "0.75 MiB"}, // 3/4 MiB per pod: above 0.5
+		{true, "0"},
 	}
 	for i, w := range want {
 		g := goals[i]
@@ -149,7 +155,9 @@ func TestMarkdown(t *testing.T) {
 		"| (b4) napitap | 6.0 ms | 7.0 ms | 25.0 ms | 40.0 ms |",
 		"0.50x", "1.14x", // ratios against the reference
 		"| (d) chain | 26.0 ms | 30.0 ms | 7.0 ms | 10.0 ms | 19.0 ms |", // napitap's share, bridge's
-		"| 200 | 1000 ms | 100 ms | 200 ms | 300 ms (15%), sys 50% |", "| 200 / 800 |", "| 6.0 MiB |",
+		"| 200 | napitap | 1000 ms | 100 ms | 200 ms | 300 ms (15%), sys 50% |", "| 200 / 800 |",
+		"| napitap <noqueue> | 0.75 MiB (0.25 MiB) | 0.12x |", "| tap plugin | 6.00 MiB (6.00 MiB) | 1.00x |", // slab per pod and ratio
+		"| 0.75 MiB | 0.25 MiB | 0.00 MiB |", "| - | - | - | - | - | 6.00 MiB |", // the reference has no napitapd
 		"**missed**", "| met |",
 	} {
 		if !strings.Contains(md, want) {

@@ -102,3 +102,9 @@ func fmtMiB(bytes int64) string {
 	}
 	return fmt.Sprintf("%.1f MiB", float64(bytes)/mib)
 }
+
+// fmtSlab prints a per-pod amount of kernel memory, which may come out
+// negative when the machine freed more meanwhile.
+func fmtSlab(bytes int64) string {
+	return fmt.Sprintf("%.2f MiB", float64(bytes)/mib)
+}
