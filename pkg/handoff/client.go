@@ -78,6 +78,12 @@ func (c *Client) List() ([]Attachment, error) {
 	}
 }
 
+// do sends req and waits for the answer. napitapd hangs up without one
+// on a connection beyond its limits, before it reads the request, so a
+// burst of pods gets some; ask again, with a growing pause, until the
+// deadline. Every request is safe to repeat after a hang-up: napitapd
+// keeps a fetch's fds when their answer is not sent, and a register that
+// did happen answers "exists", which ADD handles.
 func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, error) {
 	socket := c.Socket
 	if socket == "" {
@@ -88,6 +94,16 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 		timeout = 5 * time.Second
 	}
 	deadline := time.Now().Add(timeout)
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		resp, got, err := c.once(socket, deadline, req, files)
+		if hungUp(err) == "" || time.Now().Add(pause).After(deadline) {
+			return resp, got, err
+		}
+		time.Sleep(pause)
+	}
+}
+
+func (c *Client) once(socket string, deadline time.Time, req *Request, files []*os.File) (*Response, []*os.File, error) {
 	conn, err := dial(socket, deadline)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, err)

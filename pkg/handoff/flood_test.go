@@ -630,3 +630,46 @@ func closeFiles(files []*os.File) {
 		f.Close()
 	}
 }
+
+// TestACallerHungUpOnAtTheConnectionLimitAsksAgain: a burst of DELs can
+// hold more connections than napitapd serves at once; it hangs up on the
+// rest, and the client asks again until its deadline instead of leaving
+// the attachment held (a DEL goes on without napitapd).
+func TestACallerHungUpOnAtTheConnectionLimitAsksAgain(t *testing.T) {
+	nstest.RequireRoot(t)
+	d := startNapitapd(t, "--max-conns", "4", "--max-conns-per-uid", "1")
+	c := d.client()
+	pod := nstest.New(t, "handoff")
+	key := handoff.Key{ContainerID: "burst", IfName: "net1"}
+	registerNew(t, c, pod, key, "napihobu", 2)
+
+	fds0, _ := d.settledFDs(t)
+	var conns []*os.File
+	for range 4 {
+		conns = append(conns, dialFile(t, d.socket))
+	}
+	defer closeFiles(conns)
+	// Each accepted connection costs napitapd its socket and the peer's pidfd.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := d.fds(t); n >= fds0+8 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("napitapd has %d fds, want %d with 4 connections", n, fds0+8)
+		}
+	}
+	go func() {
+		for deadline := time.Now().Add(5 * time.Second); d.logLines("refused connection") == 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		closeFiles(conns)
+	}()
+	if err := c.Release(key); err != nil {
+		t.Fatalf("Release while napitapd is at its connection limit: %v", err)
+	}
+	if n := d.logLines("refused connection"); n == 0 {
+		t.Error("napitapd refused no connection: the limit was never hit")
+	}
+	if atts, err := c.List(); err != nil || len(atts) != 0 {
+		t.Errorf("napitapd lists %+v (%v) after the release, want nothing", atts, err)
+	}
+}

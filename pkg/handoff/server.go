@@ -455,6 +455,20 @@ func reopen(att *Attachment) ([]*os.File, *Error) {
 }
 
 func (s *Server) release(match func(*Attachment) bool) int {
+	// Closing a queue takes rtnl (DESIGN.md fact 11), which a burst of DELs
+	// keeps busy for seconds: close after answering, and never under s.mu,
+	// which every request takes. The caller's DEL may delete the tap
+	// meanwhile; its queues then detach with it.
+	var closing [][]*os.File
+	defer func() {
+		if len(closing) > 0 {
+			go func() {
+				for _, files := range closing {
+					closeAll(files)
+				}
+			}()
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -462,7 +476,7 @@ func (s *Server) release(match func(*Attachment) bool) int {
 		if !match(&e.att) {
 			continue
 		}
-		closeAll(e.files)
+		closing = append(closing, e.files)
 		e.doneSending()
 		if err := os.Remove(s.statePath(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("remove state", "attachment", key.String(), "err", err)
