@@ -20,7 +20,7 @@ import (
 // injects (runtimeConfig, prevResult, cni.dev/valid-attachments).
 var napitapFields = []string{
 	"queues", "napi", "napiFrags", "threadedNapi", "groFlushTimeout", "napiDeferHardIrqs",
-	"vnetHdr", "vnetHdrSize", "mtu", "mac", "txQueueLen", "owner", "group", "tapName",
+	"vnetHdr", "vnetHdrSize", "mtu", "mac", "txQueueLen", "rootQdisc", "owner", "group", "tapName",
 	"wiring", "bridge", "ipam", "handoff", "kataDan", "args", "capabilities",
 	"type", "cniVersion", "name",
 }
