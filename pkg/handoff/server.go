@@ -161,21 +161,26 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 			return
 		}
 		var resp *Response
-		var out []*os.File
+		var out, closing []*os.File
 		if err != nil {
 			if !errors.Is(err, errTruncated) {
 				return
 			}
 			resp = &Response{Error: errorf(CodeBadRequest, "%v", err)}
 		} else {
-			resp, out = s.handle(b, files, cred)
+			resp, out, closing = s.handle(b, files, cred)
 		}
 		resp.Version = Version
 		if resp.Error != nil {
 			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid, "code", resp.Error.Code, "err", resp.Error.Message)
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(sendTimeout))
-		if err := sendMsg(conn, resp, out); err != nil {
+		err = sendMsg(conn, resp, out)
+		// After the answer, so that a DEL goes on meanwhile; before this
+		// connection closes, so that whoever waits for it to close finds
+		// the queues closed too.
+		closeAll(closing)
+		if err != nil {
 			s.log.Error("send response", "pid", cred.Pid, "err", err)
 			s.restore(resp, out)
 			if errors.Is(err, errTooBig) {
@@ -191,40 +196,44 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 	}
 }
 
-// handle owns files: it keeps them (register) or closes them.
-func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*os.File) {
+// handle owns files: it keeps them (register) or closes them. It returns
+// the answer, the fds that go with it, and the queues a release let go,
+// which the caller closes once it has answered.
+func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*os.File, []*os.File) {
 	req, perr := decodeRequest(b)
 	if perr != nil {
 		closeAll(files)
-		return &Response{Error: perr}, nil
+		return &Response{Error: perr}, nil, nil
 	}
 	if req.Op != OpRegister && len(files) > 0 {
 		closeAll(files)
-		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil
+		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil, nil
 	}
 	if req.Op != OpFetch && req.Op != OpList && cred.Uid != 0 {
 		closeAll(files)
-		return &Response{Error: errorf(CodeDenied, "%s is for root (napitap) only, caller uid %d", req.Op, cred.Uid)}, nil
+		return &Response{Error: errorf(CodeDenied, "%s is for root (napitap) only, caller uid %d", req.Op, cred.Uid)}, nil, nil
 	}
 	switch req.Op {
 	case OpRegister:
-		return &Response{Error: s.register(req.Attachment, files)}, nil
+		return &Response{Error: s.register(req.Attachment, files)}, nil, nil
 	case OpFetch:
-		return s.fetch(req.Key, cred)
+		resp, out := s.fetch(req.Key, cred)
+		return resp, out, nil
 	case OpRelease:
-		return &Response{Released: s.release(func(a *Attachment) bool { return a.Key == *req.Key })}, nil
+		n, closing := s.release(func(a *Attachment) bool { return a.Key == *req.Key })
+		return &Response{Released: n}, nil, closing
 	case OpGC:
-		n := s.release(func(a *Attachment) bool {
+		n, closing := s.release(func(a *Attachment) bool {
 			return (req.Network == "" || a.Network == req.Network) && !slices.Contains(req.Valid, a.Key)
 		})
-		return &Response{Released: n}, nil
+		return &Response{Released: n}, nil, closing
 	default: // OpList
 		all := s.list(cred)
 		if req.Offset < 0 || req.Offset > len(all) {
-			return &Response{Error: errorf(CodeBadRequest, "list offset %d out of range 0-%d", req.Offset, len(all))}, nil
+			return &Response{Error: errorf(CodeBadRequest, "list offset %d out of range 0-%d", req.Offset, len(all))}, nil, nil
 		}
 		end := min(req.Offset+ListPage, len(all))
-		return &Response{Attachments: all[req.Offset:end], More: end < len(all)}, nil
+		return &Response{Attachments: all[req.Offset:end], More: end < len(all)}, nil, nil
 	}
 }
 
@@ -454,29 +463,18 @@ func reopen(att *Attachment) ([]*os.File, *Error) {
 	return files, nil
 }
 
-func (s *Server) release(match func(*Attachment) bool) int {
-	// Closing a queue takes rtnl (DESIGN.md fact 11), which a burst of DELs
-	// keeps busy for seconds: close after answering, and never under s.mu,
-	// which every request takes. The caller's DEL may delete the tap
-	// meanwhile; its queues then detach with it.
-	var closing [][]*os.File
-	defer func() {
-		if len(closing) > 0 {
-			go func() {
-				for _, files := range closing {
-					closeAll(files)
-				}
-			}()
-		}
-	}()
+// release forgets the attachments that match and returns how many, with
+// their queues for the caller to close. Closing a queue takes rtnl
+// (DESIGN.md fact 11), which a burst of DELs keeps busy for seconds: never
+// under s.mu, which every request takes.
+func (s *Server) release(match func(*Attachment) bool) (n int, closing []*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
 	for key, e := range s.held {
 		if !match(&e.att) {
 			continue
 		}
-		closing = append(closing, e.files)
+		closing = append(closing, e.files...)
 		e.doneSending()
 		if err := os.Remove(s.statePath(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("remove state", "attachment", key.String(), "err", err)
@@ -485,7 +483,7 @@ func (s *Server) release(match func(*Attachment) bool) int {
 		s.log.Info("released", "attachment", key.String())
 		n++
 	}
-	return n
+	return n, closing
 }
 
 func (s *Server) list(cred *peer) []Attachment {
@@ -517,7 +515,7 @@ func (s *Server) list(cred *peer) []Attachment {
 // path that now holds another netns, or a tap that is not marked as the
 // attachment's, counts as gone.
 func (s *Server) Sweep() int {
-	return s.release(func(a *Attachment) bool {
+	n, closing := s.release(func(a *Attachment) bool {
 		netns := openSameNetns(a)
 		if netns == nil {
 			return true
@@ -532,6 +530,8 @@ func (s *Server) Sweep() int {
 		})
 		return gone
 	})
+	closeAll(closing)
+	return n
 }
 
 // openSameNetns opens the attachment's netns if its path still holds the
