@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -76,13 +77,19 @@ func checkSocket(path string) error {
 	return nil
 }
 
+// releaseTimeout bounds DEL's wait for napitapd. Longer than the client's
+// default: a burst of DELs keeps rtnl busy, which each queue napitapd
+// closes waits for, and a release that gives up leaves napitapd holding
+// the queues until its next sweep.
+const releaseTimeout = 30 * time.Second
+
 // releaseHandoff tells napitapd to drop the attachment. DEL must succeed
 // with napitapd down: it sweeps attachments whose tap is gone when it runs.
 func releaseHandoff(conf *config.Config, key handoff.Key) {
 	if conf.HandoffSocket == "" {
 		return
 	}
-	client := &handoff.Client{Socket: conf.HandoffSocket}
+	client := &handoff.Client{Socket: conf.HandoffSocket, Timeout: releaseTimeout}
 	if err := client.Release(key); err != nil && !errors.Is(err, handoff.ErrUnreachable) {
 		fmt.Fprintf(os.Stderr, "napitap: release %s from napitapd: %v\n", key, err)
 	}
