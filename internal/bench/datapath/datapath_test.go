@@ -189,13 +189,13 @@ func TestParseSynAck(t *testing.T) {
 func TestProcParsers(t *testing.T) {
 	dev := []byte("Inter-|   Receive                            |  Transmit\n" +
 		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n" +
-		"    lo:       0       0    0    0    0     0          0         0        0       0\n" +
-		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7\n")
-	if v, ok := devRxPackets(dev, "napidp0a1b2c"); !ok || v != 8910 {
-		t.Errorf("devRxPackets = %d, %v; want 8910", v, ok)
+		"    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n" +
+		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7    0    3    0     0       0          0\n")
+	if v, ok := devCounters(dev, "napidp0a1b2c"); !ok || v[1] != 8910 || v[9] != 7 || v[11] != 3 {
+		t.Errorf("devCounters = %v, %v; want rx packets 8910, tx packets 7, tx drop 3", v, ok)
 	}
-	if _, ok := devRxPackets(dev, "napidp"); ok {
-		t.Errorf("devRxPackets matched a prefix")
+	if _, ok := devCounters(dev, "napidp"); ok {
+		t.Errorf("devCounters matched a prefix")
 	}
 	m := map[string]uint64{}
 	parseNetstat([]byte("Ip: Forwarding InReceives\nIp: 1 42\nUdp: InDatagrams RcvbufErrors\nUdp: 7 3\n"), m)
