@@ -3,9 +3,11 @@ package datapath
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -59,10 +61,10 @@ func (t *table) spread(size string, q int, mode string, f func(Sample) float64) 
 	return spreadOf(v)
 }
 
-// pairRatio is f(mode) / f(plain) in the same run, over runs.
-func (t *table) pairRatio(size string, q int, mode string, f func(Sample) float64) (Spread, bool) {
+// pairRatio is f(mode) / f(base) in the same run, over runs.
+func (t *table) pairRatio(size string, q int, mode, base string, f func(Sample) float64) (Spread, bool) {
 	plain := map[int]float64{}
-	for _, s := range t.samples[cellKey{size, q, "plain"}] {
+	for _, s := range t.samples[cellKey{size, q, base}] {
 		plain[s.Run] = f(s)
 	}
 	var v []float64
@@ -81,7 +83,27 @@ func (t *table) pairRatio(size string, q int, mode string, f func(Sample) float6
 // UDP alike compare delivered frames per second, which for a fixed frame
 // payload is the same ratio as Gbit/s.
 func (t *table) ratio(size string, q int, mode string) (Spread, bool) {
-	return t.pairRatio(size, q, mode, func(s Sample) float64 { return s.PPS })
+	return t.pairRatio(size, q, mode, "plain", func(s Sample) float64 { return s.PPS })
+}
+
+// qdiscRatio is a +noqueue mode's rate over the same NAPI mode's with the
+// kernel's qdisc, in the same run.
+func (t *table) qdiscRatio(size string, q int, mode string) (Spread, bool) {
+	base, ok := qdiscBase(mode)
+	if !ok {
+		return Spread{}, false
+	}
+	return t.pairRatio(size, q, mode, base, func(s Sample) float64 { return s.PPS })
+}
+
+// hasGroup reports whether any mode has samples of size with q queues.
+func (t *table) hasGroup(size string, q int) bool {
+	for _, m := range t.opts.Modes {
+		if t.has(size, q, m.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 func fmtSpread(s Spread, f func(float64) string) string {
@@ -116,6 +138,7 @@ func writeReport(res *Results, opts options) error {
 		"datapath.md":      []byte(t.markdown()),
 		"datapath-tcp.svg": []byte(t.plot(protoTCP)),
 		"datapath-udp.svg": []byte(t.plot(protoUDP)),
+		"datapath-h2g.svg": []byte(t.plotH2G()),
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(opts.Out, name), b, 0o644); err != nil {
@@ -152,13 +175,23 @@ func (t *table) markdown() string {
 
 	t.goals(&b)
 	t.fact8(&b)
+	t.qdiscGoal(&b)
+	t.roundTrips(&b)
 
 	p("## Results\n\n")
 	p("![TCP throughput relative to a plain queue](datapath-tcp.svg)\n\n")
 	p("![UDP pps relative to a plain queue](datapath-udp.svg)\n\n")
+	p("![Host to guest relative to a plain queue](datapath-h2g.svg)\n\n")
 	for _, size := range t.opts.Sizes {
 		for _, q := range t.opts.Queues {
+			if !t.hasGroup(size.Name, q) {
+				continue
+			}
 			p("### %s, %d %s\n\n", size.describe(), q, plural(q, "queue", "queues"))
+			if size.Dir != guestToHost {
+				t.h2gTable(&b, size, q)
+				continue
+			}
 			p("| mode | rx kpps | Gbit/s | × plain | tx kpps | loss | frames/skb | CPU µs/frame (writer) | machine usr / sys / si | writer usr / sys | receiver usr / sys | NAPI kthreads | notes |\n")
 			p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 			for _, mode := range t.opts.Modes {
@@ -365,7 +398,7 @@ func (t *table) fact8(b *strings.Builder) {
 			rs = append(rs, fmt.Sprintf("%s %s", size, fmtSpread(r, ratioStr)))
 			rates = append(rates, r)
 		}
-		if r, ok := t.pairRatio(size, 1, "napi", func(s Sample) float64 { return s.CPUPerFrameUs }); ok {
+		if r, ok := t.pairRatio(size, 1, "napi", "plain", func(s Sample) float64 { return s.CPUPerFrameUs }); ok {
 			cs = append(cs, fmt.Sprintf("%s %s", size, fmtSpread(r, ratioStr)))
 			costs = append(costs, r)
 		}
@@ -453,4 +486,163 @@ func minMax(v []float64) (lo, hi float64) {
 		lo, hi = math.Min(lo, x), math.Max(hi, x)
 	}
 	return lo, hi
+}
+
+// goalQdisc: host to guest, root qdisc noqueue against the kernel's
+// (mq/pfifo_fast), same NAPI mode, same run (the issue's goal).
+const goalQdisc = 1.0
+
+// perSec is a netstat counter of a sample per second.
+func perSec(key string) func(Sample) float64 {
+	return func(s Sample) float64 {
+		if s.Seconds <= 0 {
+			return 0
+		}
+		return float64(s.Net[key]) / s.Seconds
+	}
+}
+
+// h2gTable writes one host-to-guest or round-trip table. "Writer" CPU is
+// the VMM side's there, "receiver" CPU the pod's.
+func (t *table) h2gTable(b *strings.Builder, size Size, q int) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	rr := size.Dir == roundTrip
+	if rr {
+		p("| mode | root qdisc | round trips/s | p50 µs | p99 µs | p50 × plain | p99 × plain | lost | VMM usr / sys | pod usr / sys | NAPI kthreads |\n")
+		p("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	} else {
+		p("| mode | root qdisc | VMM read kpps | Gbit/s | × plain | × kernel's qdisc | pod sent kpps | loss | tap tx drops/s | qdisc drops/s | CPU µs/frame | VMM usr / sys | pod usr / sys | NAPI kthreads | notes |\n")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	}
+	for _, mode := range t.opts.Modes {
+		if !t.has(size.Name, q, mode.Name) {
+			continue
+		}
+		sp := func(f func(Sample) float64) Spread { return t.spread(size.Name, q, mode.Name, f) }
+		two := func(a, b func(Sample) float64) string {
+			return fmt.Sprintf("%.2f / %.2f", sp(a).Median, sp(b).Median)
+		}
+		kinds := map[string]bool{}
+		for _, s := range t.samples[cellKey{size.Name, q, mode.Name}] {
+			kinds[s.Qdisc] = true
+		}
+		qdisc := strings.Join(slices.Sorted(maps.Keys(kinds)), ", ")
+		ratio := func(r Spread, ok bool) string {
+			if !ok {
+				return "–"
+			}
+			return fmtSpread(r, ratioStr)
+		}
+		kth := "–"
+		if n := sp(func(s Sample) float64 { return float64(s.NAPIThreadN) }).Median; n > 0 {
+			kth = fmt.Sprintf("%.0f: %s", n, two(func(s Sample) float64 { return s.NAPIThreads.User }, func(s Sample) float64 { return s.NAPIThreads.Sys }))
+		}
+		vmm := two(func(s Sample) float64 { return s.Writer.User }, func(s Sample) float64 { return s.Writer.Sys })
+		pod := two(func(s Sample) float64 { return s.Receiver.User }, func(s Sample) float64 { return s.Receiver.Sys })
+		loss := fmtSpread(sp(func(s Sample) float64 { return 100 * s.Loss }), fixed(1)) + "%"
+		if rr {
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", mode.Name, qdisc,
+				fmtSpread(sp(func(s Sample) float64 { return s.PPS }), fixed(0)),
+				fmtSpread(sp(func(s Sample) float64 { return s.P50Us }), fixed(1)),
+				fmtSpread(sp(func(s Sample) float64 { return s.P99Us }), fixed(1)),
+				ratio(t.pairRatio(size.Name, q, mode.Name, "plain", func(s Sample) float64 { return s.P50Us })),
+				ratio(t.pairRatio(size.Name, q, mode.Name, "plain", func(s Sample) float64 { return s.P99Us })),
+				loss, vmm, pod, kth)
+			continue
+		}
+		if size.Proto == protoTCP {
+			loss = "–"
+		}
+		r, ok := t.ratio(size.Name, q, mode.Name)
+		rq, okq := t.qdiscRatio(size.Name, q, mode.Name)
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", mode.Name, qdisc,
+			fmtSpread(sp(func(s Sample) float64 { return s.PPS }), kpps),
+			fmtSpread(sp(func(s Sample) float64 { return s.Gbps }), fixed(2)),
+			ratio(r, ok), ratio(rq, okq),
+			fmtSpread(sp(func(s Sample) float64 { return s.TxPPS }), kpps),
+			loss,
+			fmtSpread(sp(perSec("Tap.TxDropped")), fixed(0)),
+			fmtSpread(sp(perSec("Qdisc.Drops")), fixed(0)),
+			fmtSpread(sp(func(s Sample) float64 { return s.CPUPerFrameUs }), fixed(2)),
+			vmm, pod, kth, t.notes(size, q, mode.Name))
+	}
+	var other []float64
+	for _, mode := range t.opts.Modes {
+		for _, smp := range t.samples[cellKey{size.Name, q, mode.Name}] {
+			other = append(other, smp.OtherCores)
+		}
+	}
+	if o := spreadOf(other); o.N > 0 {
+		p("\nOther work on the machine during these cells: %s cores.\n", fmtSpread(o, fixed(2)))
+	}
+	p("\n")
+}
+
+// qdiscGoal confronts the host-to-guest cells with the qdisc goal.
+func (t *table) qdiscGoal(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	var rows []string
+	for _, size := range t.opts.Sizes {
+		if size.Dir != hostToGuest {
+			continue
+		}
+		for _, q := range t.opts.Queues {
+			for _, mode := range t.opts.Modes {
+				r, ok := t.qdiscRatio(size.Name, q, mode.Name)
+				if !ok {
+					continue
+				}
+				base, _ := qdiscBase(mode.Name)
+				var kind string
+				for _, s := range t.samples[cellKey{size.Name, q, base}] {
+					kind = s.Qdisc
+				}
+				drops := func(m string) string {
+					return fixed(0)(t.spread(size.Name, q, m, perSec("Tap.TxDropped")).Median) + " / " +
+						fixed(0)(t.spread(size.Name, q, m, perSec("Qdisc.Drops")).Median)
+				}
+				rows = append(rows, fmt.Sprintf("| %s | %s | %d | %s | %s | %s | %s | %s |", size.Name, base, q, kind,
+					fmtSpread(r, ratioStr), meets(r, goalQdisc), drops(base), drops(mode.Name)))
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("## Host to guest: root qdisc noqueue against the kernel's\n\n")
+	p("Wanted: with root qdisc `noqueue`, the rate the VMM reads at least %.1fx that with the kernel's qdisc (mq over pfifo_fast on a multiqueue tap, pfifo_fast on a single-queue one), same NAPI mode, same run. Drops are per second, at the tap (its ring full: tx_dropped) / in the qdisc.\n\n", goalQdisc)
+	p("| workload | NAPI mode | queues | kernel's qdisc | noqueue ÷ kernel's | goal | drops/s tap / qdisc, kernel's | drops/s tap / qdisc, noqueue |\n|---|---|---|---|---|---|---|---|\n")
+	p("%s\n\n", strings.Join(rows, "\n"))
+}
+
+// roundTrips summarizes the round-trip cells: NAPI modes against plain.
+func (t *table) roundTrips(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	var rows []string
+	for _, size := range t.opts.Sizes {
+		if size.Dir != roundTrip {
+			continue
+		}
+		for _, q := range t.opts.Queues {
+			for _, mode := range t.opts.Modes {
+				if !t.has(size.Name, q, mode.Name) {
+					continue
+				}
+				sp := func(f func(Sample) float64) Spread { return t.spread(size.Name, q, mode.Name, f) }
+				r50, _ := t.pairRatio(size.Name, q, mode.Name, "plain", func(s Sample) float64 { return s.P50Us })
+				r99, _ := t.pairRatio(size.Name, q, mode.Name, "plain", func(s Sample) float64 { return s.P99Us })
+				rows = append(rows, fmt.Sprintf("| %s | %d | %s | %s µs | %s µs | %s | %s |", size.Name, q, mode.Name,
+					fmtSpread(sp(func(s Sample) float64 { return s.P50Us }), fixed(1)),
+					fmtSpread(sp(func(s Sample) float64 { return s.P99Us }), fixed(1)),
+					fmtSpread(r50, ratioStr), fmtSpread(r99, ratioStr)))
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("## Round trips through the tap\n\n")
+	p("One request at a time from a UDP socket in the pod; the VMM reads it from the queue fd and writes the response into the same queue at once. Each flow has one request outstanding. Times are from send(2) to the response's read(2); × plain divides by the plain queue's percentile of the same run.\n\n")
+	p("| workload | queues | mode | p50 | p99 | p50 × plain | p99 × plain |\n|---|---|---|---|---|---|---|\n")
+	p("%s\n\n", strings.Join(rows, "\n"))
 }

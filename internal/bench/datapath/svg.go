@@ -31,10 +31,13 @@ func (t *table) plot(pr proto) string {
 	}
 	var groups []plotGroup
 	for _, size := range t.opts.Sizes {
-		if size.Proto != pr {
+		if size.Proto != pr || size.Dir != guestToHost {
 			continue
 		}
 		for _, q := range t.opts.Queues {
+			if !t.hasGroup(size.Name, q) {
+				continue
+			}
 			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
 			if t.has(size.Name, q, "plain") {
 				if pr == protoTCP {
@@ -52,6 +55,31 @@ func (t *table) plot(pr proto) string {
 	}
 	sub := fmt.Sprintf("median of %d runs, whiskers min–max; dashed: plain (1.0), red: goal %.2gx", t.opts.Runs, goal)
 	return barChart(title, sub, groups, modeNames(t.opts.Modes), goal)
+}
+
+// plotH2G draws the host-to-guest and round-trip cells like plot: rate
+// (round trips per second) relative to plain in the same run, the goal
+// line at 1.0, the kernel's qdisc's level.
+func (t *table) plotH2G() string {
+	var groups []plotGroup
+	for _, size := range t.opts.Sizes {
+		if size.Dir == guestToHost {
+			continue
+		}
+		for _, q := range t.opts.Queues {
+			if !t.hasGroup(size.Name, q) {
+				continue
+			}
+			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
+			for _, m := range t.opts.Modes {
+				r, ok := t.ratio(size.Name, q, m.Name)
+				g.bars = append(g.bars, plotBar{mode: m.Name, med: r.Median, min: r.Min, max: r.Max, ok: ok})
+			}
+			groups = append(groups, g)
+		}
+	}
+	sub := fmt.Sprintf("pps (round trips/s for rr) × plain, median of %d runs, whiskers min–max", t.opts.Runs)
+	return barChart("Host to guest and round trips relative to a plain queue", sub, groups, modeNames(t.opts.Modes), 0)
 }
 
 func modeNames(ms []Mode) []string {
@@ -127,8 +155,10 @@ func barChart(title, subtitle string, groups []plotGroup, modes []string, goal f
 	}
 	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, plotRight, y(0), y(0))
 	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#333" stroke-dasharray="5 4"/>`+"\n", left, plotRight, y(1), y(1))
-	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#d62728" stroke-dasharray="2 3"/>`+"\n", left, plotRight, y(goal), y(goal))
-	p(`<text x="%d" y="%.1f" fill="#d62728">goal %.2gx</text>`+"\n", plotRight+4, y(goal)+4, goal)
+	if goal > 0 {
+		p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#d62728" stroke-dasharray="2 3"/>`+"\n", left, plotRight, y(goal), y(goal))
+		p(`<text x="%d" y="%.1f" fill="#d62728">goal %.2gx</text>`+"\n", plotRight+4, y(goal)+4, goal)
+	}
 	for i, m := range modes {
 		ly := top + 10 + i*18
 		p(`<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`+"\n", plotRight+60, ly-10, color(i))
