@@ -1,7 +1,9 @@
 // Package datapath is napitap-bench datapath: what NAPI, threaded NAPI,
-// gro_flush_timeout and NAPI_FRAGS do to the data path of a VMM without
-// vhost-net (Cloud Hypervisor, Firecracker, QEMU vhost=off), which writes
-// each guest frame into a tap queue fd with write(2).
+// gro_flush_timeout, NAPI_FRAGS and the root qdisc do to the data path of
+// a VMM without vhost-net (Cloud Hypervisor, Firecracker, QEMU vhost=off),
+// which writes each guest frame into a tap queue fd with write(2) and
+// reads each frame for the guest with read(2) (h2g.go), and what threaded
+// NAPI costs at scale (scale.go).
 //
 // A writer plays that VMM: 12-byte virtio-net header, one frame per write,
 // optionally 64 KB GSO frames; for TCP it is a real peer in userspace (it
@@ -269,6 +271,9 @@ type options struct {
 	Blocking         bool
 	MaxBacklog       int
 	FromJSON         string
+	ScaleTaps        int
+	ScaleQueues      int
+	ScaleIdle        time.Duration
 	Args             []string
 }
 
@@ -299,14 +304,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Runs, "runs", 5, "runs of every cell; modes are interleaved within a run")
 	modes := fs.String("modes", "plain,napi,threaded,gro20,gro50,gro200,frags",
 		"tap configurations: plain, or '+'-joined napi, threaded, frags, gro<us>, defer<n> (e.g. threaded+gro50)")
-	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]")
+	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads, guest to host: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]; host to guest: h2g-udp<payload>, h2g-tcp; round trips: rr<payload>; none: only --scale-taps")
 	queues := fs.String("queues", "1,2", "queue counts; N queues get N flows, N writers (one per queue fd) and N receivers")
 	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json, datapath-tcp.svg and datapath-udp.svg")
 	wcpus := fs.String("writer-cpus", "0", "CPUs for the writers (writer i on entry i mod len)")
 	rcpus := fs.String("receiver-cpus", "", "CPUs for the receivers (default: the last CPU)")
 	fs.StringVar(&o.Csum, "csum", "full", "checksums of non-GSO frames: full (vnet header all zero, the kernel verifies) or partial (NEEDS_CSUM); GSO frames are always partial")
 	fs.BoolVar(&o.Blocking, "blocking", false, "write with blocking queue fds; VMMs use O_NONBLOCK, which takes tun_build_skb for frames up to a page")
-	fs.StringVar(&o.FromJSON, "from-json", "", "measure nothing: write the report from a datapath.json of an earlier run")
+	fs.StringVar(&o.FromJSON, "from-json", "", "measure nothing: write the report from the datapath.json of earlier runs, comma-separated (cells measured in one run are only compared with each other)")
+	fs.IntVar(&o.ScaleTaps, "scale-taps", 0, "also measure threaded NAPI at scale: this many idle taps at once, NAPI against threaded NAPI, --runs rounds (0: not)")
+	fs.IntVar(&o.ScaleQueues, "scale-queues", 4, "queues of each --scale-taps tap")
+	fs.DurationVar(&o.ScaleIdle, "scale-idle", 10*time.Second, "how long --scale-taps counts the idle taps' kernel threads' wakeups")
 	fs.IntVar(&o.MaxBacklog, "max-backlog", 65536, "UDP: frames a writer may have outstanding (written, not yet received or dropped) before it waits; 0: no limit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -318,8 +326,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.Modes, err = parseList(*modes, parseMode); err != nil {
 		return o, err
 	}
-	if o.Sizes, err = parseList(*sizes, parseSize); err != nil {
-		return o, err
+	if *sizes != "none" {
+		if o.Sizes, err = parseList(*sizes, parseSize); err != nil {
+			return o, err
+		}
 	}
 	posInt := func(s string) (int, error) {
 		n, err := strconv.Atoi(s)
@@ -360,6 +370,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--csum %q: full or partial", o.Csum)
 	case o.MaxBacklog < 0:
 		return o, errors.New("--max-backlog: not negative")
+	case o.ScaleTaps < 0 || o.ScaleTaps > 1000 || o.ScaleQueues < 1 || o.ScaleQueues > 64:
+		return o, errors.New("--scale-taps: 0 to 1000, --scale-queues: 1 to 64")
+	case len(o.Sizes) == 0 && o.ScaleTaps == 0 && o.FromJSON == "":
+		return o, errors.New("--sizes none: nothing to measure without --scale-taps")
 	}
 	return o, nil
 }
@@ -392,17 +406,36 @@ func Main(args []string) error {
 	return writeReport(res, opts)
 }
 
-// loadResults reads the samples of an earlier run. Modes, sizes, queue
-// counts and runs come from the file when it has them, else from the flags.
+// loadResults reads the samples of earlier runs, the first one's header
+// first. Modes, sizes, queue counts and runs come from the files when they
+// have them, else from the flags.
 func loadResults(opts options) (*Results, options, error) {
-	raw, err := os.ReadFile(opts.FromJSON)
-	if err != nil {
-		return nil, opts, err
+	var res *Results
+	for _, file := range strings.Split(opts.FromJSON, ",") {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, opts, err
+		}
+		var r Results
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, opts, fmt.Errorf("%s: %w", file, err)
+		}
+		if res == nil {
+			res = &r
+			continue
+		}
+		res.Merged = append(res.Merged, RunInfo{Command: r.Command, Started: r.Started, Finished: r.Finished,
+			LoadAvg: r.Machine.LoadAvg, Modes: r.Modes, Sizes: r.Sizes, Queues: r.Queues, Runs: r.Runs})
+		res.Samples = append(res.Samples, r.Samples...)
+		res.Modes = union(res.Modes, r.Modes)
+		res.Sizes = union(res.Sizes, r.Sizes)
+		res.Queues = union(res.Queues, r.Queues)
+		res.Runs = max(res.Runs, r.Runs)
+		if r.Scale != nil {
+			res.Scale = r.Scale
+		}
 	}
-	var res Results
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return nil, opts, fmt.Errorf("%s: %w", opts.FromJSON, err)
-	}
+	var err error
 	if len(res.Modes) > 0 {
 		if opts.Modes, err = parseList(strings.Join(res.Modes, ","), parseMode); err != nil {
 			return nil, opts, err
@@ -415,6 +448,7 @@ func loadResults(opts options) (*Results, options, error) {
 	}
 	if len(res.Queues) > 0 {
 		opts.Queues = res.Queues
+		slices.Sort(opts.Queues)
 	}
 	if res.Runs > 0 {
 		opts.Runs = res.Runs
@@ -422,7 +456,28 @@ func loadResults(opts options) (*Results, options, error) {
 	for i := range res.Samples {
 		res.Samples[i].derive()
 	}
-	return &res, opts, nil
+	return res, opts, nil
+}
+
+func union[T comparable](a, b []T) []T {
+	for _, v := range b {
+		if !slices.Contains(a, v) {
+			a = append(a, v)
+		}
+	}
+	return a
+}
+
+// RunInfo describes a run whose samples were merged into a report.
+type RunInfo struct {
+	Command  string    `json:"command"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	LoadAvg  string    `json:"loadavg_at_start"`
+	Modes    []string  `json:"modes"`
+	Sizes    []string  `json:"sizes"`
+	Queues   []int     `json:"queues"`
+	Runs     int       `json:"runs"`
 }
 
 // Results of one benchmark.
@@ -437,6 +492,9 @@ type Results struct {
 	Queues   []int       `json:"queues"`
 	Runs     int         `json:"runs"`
 	Samples  []Sample    `json:"samples"`
+	// Merged lists the other runs a report was made from (--from-json).
+	Merged []RunInfo      `json:"merged,omitempty"`
+	Scale  *ScaleResults `json:"scale,omitempty"`
 }
 
 // Sample is one measured cell.
@@ -542,6 +600,11 @@ func run(ctx context.Context, opts options, log io.Writer) (res *Results, err er
 						r, size.Name, q, m.Name, s.PPS, s.Gbps, s.TxPPS, s.FramesPerSKB, s.Machine.User, s.Machine.Sys, s.Machine.SoftIRQ)
 				}
 			}
+		}
+	}
+	if opts.ScaleTaps > 0 {
+		if res.Scale, err = b.scale(ctx); err != nil {
+			return res, fmt.Errorf("threaded NAPI at scale: %w", err)
 		}
 	}
 	res.Finished = time.Now()

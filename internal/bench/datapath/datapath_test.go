@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
@@ -11,10 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/inet"
@@ -35,6 +38,10 @@ func TestParseMode(t *testing.T) {
 		{in: "gro50", want: Mode{Name: "gro50", NAPI: true, GROFlushTimeout: 50000}},
 		{in: "frags", want: Mode{Name: "frags", NAPI: true, Frags: true}},
 		{in: "threaded+gro20+defer2", want: Mode{Name: "threaded+gro20+defer2", NAPI: true, Threaded: true, GROFlushTimeout: 20000, DeferHardIRQs: 2}},
+		{in: "plain+noqueue", want: Mode{Name: "plain+noqueue", Qdisc: "noqueue"}},
+		{in: "threaded+noqueue", want: Mode{Name: "threaded+noqueue", NAPI: true, Threaded: true, Qdisc: "noqueue"}},
+		{in: "noqueue", bad: true},
+		{in: "noqueue+threaded", bad: true},
 		{in: "gro", bad: true},
 		{in: "gro0", bad: true},
 		{in: "plain+napi", bad: true},
@@ -67,6 +74,12 @@ func TestParseSize(t *testing.T) {
 		{in: "udp64", want: Size{Name: "udp64", Proto: protoUDP, Payload: 64}},
 		{in: "tcp1448", want: Size{Name: "tcp1448", Proto: protoTCP, Payload: 1448}},
 		{in: "gso64k", want: Size{Name: "gso64k", Proto: protoTCP, Payload: 45 * 1448, GSO: true}},
+		{in: "h2g-udp64", want: Size{Name: "h2g-udp64", Dir: hostToGuest, Proto: protoUDP, Payload: 64}},
+		{in: "h2g-tcp", want: Size{Name: "h2g-tcp", Dir: hostToGuest, Proto: protoTCP, Payload: 1448}},
+		{in: "rr64", want: Size{Name: "rr64", Dir: roundTrip, Proto: protoUDP, Payload: 64}},
+		{in: "h2g-tcp1448", bad: true},
+		{in: "h2g-gso64k", bad: true},
+		{in: "rr2000", bad: true},
 		{in: "udp1473", bad: true},
 		{in: "tcp1449", bad: true},
 		{in: "gso2000", bad: true},
@@ -165,6 +178,16 @@ func TestTCPSegments(t *testing.T) {
 		if r := l4Check(f); r != 0 {
 			t.Errorf("GSO frame of %d: completed checksum does not check", n)
 		}
+	}
+}
+
+func TestAUDPFrameParsesToItsPortAndPayload(t *testing.T) {
+	f := buildUDPFrame(tapMAC, 1000, 9000, 64, false)
+	if port, n, ok := parseUDP(f); !ok || port != 9000 || n != 64 {
+		t.Errorf("parseUDP = %d, %d, %v; want 9000, 64, true", port, n, ok)
+	}
+	if _, _, ok := parseUDP(tcpControl(tapMAC, 1, 2, 3, 4, tcpSYN, nil)); ok {
+		t.Errorf("a TCP frame parsed as UDP")
 	}
 }
 
@@ -278,7 +301,7 @@ func TestReport(t *testing.T) {
 func TestQuickRun(t *testing.T) {
 	nstest.RequireRoot(t)
 	opts, err := parseFlags([]string{"--duration", "200ms", "--warmup", "100ms", "--runs", "1",
-		"--modes", "plain,napi", "--sizes", "udp512,tcp1448", "--queues", "1", "--out", t.TempDir()}, io.Discard)
+		"--modes", "plain,napi+noqueue", "--sizes", "udp512,tcp1448,h2g-udp64,h2g-tcp,rr64", "--queues", "1", "--out", t.TempDir()}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +326,12 @@ func TestQuickRun(t *testing.T) {
 			if s.PPS <= 0 || s.RxBytes == 0 {
 				t.Errorf("%s %s: nothing received (%d frames written)", size.Name, mode.Name, s.TxFrames)
 			}
+			if want := map[string]string{"plain": "pfifo_fast", "napi+noqueue": "noqueue"}[mode.Name]; s.Qdisc != want {
+				t.Errorf("%s %s: root qdisc %q, want %q", size.Name, mode.Name, s.Qdisc, want)
+			}
+			if size.Dir == roundTrip && (s.P50Us <= 0 || s.P99Us < s.P50Us) {
+				t.Errorf("%s %s: round trips p50 %.1f µs, p99 %.1f µs", size.Name, mode.Name, s.P50Us, s.P99Us)
+			}
 			if gone, err := b.ns.linkGone(s.Tap); err != nil || !gone {
 				t.Errorf("%s %s: tap %s left behind (%v)", size.Name, mode.Name, s.Tap, err)
 			}
@@ -312,7 +341,7 @@ func TestQuickRun(t *testing.T) {
 	if err := writeReport(res, opts); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"datapath.md", "datapath.json", "datapath-tcp.svg", "datapath-udp.svg"} {
+	for _, f := range []string{"datapath.md", "datapath.json", "datapath-tcp.svg", "datapath-udp.svg", "datapath-h2g.svg"} {
 		if _, err := os.Stat(filepath.Join(opts.Out, f)); err != nil {
 			t.Error(err)
 		}
@@ -322,6 +351,87 @@ func TestQuickRun(t *testing.T) {
 	}
 	if _, err := os.Stat(netnsPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("netns %s left behind: %v", netnsPath, err)
+	}
+}
+
+func TestTheScaleRoundMakesOneKernelThreadPerQueueOnlyWhenThreaded(t *testing.T) {
+	nstest.RequireRoot(t)
+	opts, err := parseFlags([]string{"--sizes", "none", "--scale-taps", "3", "--scale-queues", "2", "--scale-idle", "200ms", "--runs", "1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBench(opts, testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	sc, err := b.scale(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"napi": 0, "threaded": 6}
+	for _, s := range sc.Samples {
+		if s.Threads != want[s.Mode] {
+			t.Errorf("%s: %d napi/ threads, want %d", s.Mode, s.Threads, want[s.Mode])
+		}
+	}
+	if len(sc.Samples) != 2 {
+		t.Errorf("%d samples, want one per mode", len(sc.Samples))
+	}
+	var left []string
+	err = b.ns.do(func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				left = append(left, l.Attrs().Name)
+			}
+		}
+		return err
+	})
+	if err != nil || len(left) > 0 {
+		t.Errorf("links left in the netns: %v (%v)", left, err)
+	}
+}
+
+func TestAReportMergesRunsAndComparesNoqueueWithTheSameNAPIMode(t *testing.T) {
+	g2h, _ := testResults()
+	h2g := &Results{Command: "napitap-bench datapath --sizes h2g-udp64", Runs: 2, Queues: []int{1},
+		Modes: []string{"plain", "threaded", "threaded+noqueue"}, Sizes: []string{"h2g-udp64"}}
+	rate := map[string]float64{"plain": 100, "threaded": 100, "threaded+noqueue": 120}
+	for run := 1; run <= 2; run++ {
+		for m, r := range rate {
+			h2g.Samples = append(h2g.Samples, Sample{Run: run, Mode: m, Size: "h2g-udp64", Queues: 1, PPS: r * float64(run) * 1000, Seconds: 1})
+		}
+	}
+	g2h.Modes, g2h.Sizes, g2h.Queues, g2h.Runs = []string{"plain", "napi", "threaded", "gro50"}, []string{"udp64", "tcp1448"}, []int{1}, 2
+	dir := t.TempDir()
+	var files []string
+	for i, r := range []*Results{g2h, h2g} {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.Join(dir, strconv.Itoa(i)+".json"))
+		if err := os.WriteFile(files[i], raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, opts, err := loadResults(options{FromJSON: strings.Join(files, ",")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Merged) != 1 || len(opts.Sizes) != 3 || len(opts.Modes) != 5 {
+		t.Fatalf("merged %d runs, sizes %v, modes %v; want 1 run, 3 sizes, 5 modes", len(res.Merged), opts.Sizes, opts.Modes)
+	}
+	md := newTable(res, opts).markdown()
+	for _, want := range []string{"| h2g-udp64 | threaded | 1 |  | 1.20x | yes |", "--sizes h2g-udp64", "**Meets both (by the median):** `gro50`"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
 	}
 }
 

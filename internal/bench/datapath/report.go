@@ -171,12 +171,18 @@ func (t *table) markdown() string {
 	for _, s := range t.res.Settings {
 		p("- %s\n", s)
 	}
+	for _, r := range t.res.Merged {
+		p("- With the cells of another run (sizes %s, queues %v, modes %s; %d runs; %s to %s, load average at start %s):\n\n  ```\n  %s\n  ```\n",
+			strings.Join(r.Sizes, ", "), r.Queues, strings.Join(r.Modes, ", "), r.Runs,
+			r.Started.Format("2006-01-02 15:04 MST"), r.Finished.Format("15:04"), r.LoadAvg, r.Command)
+	}
 	p("\nEvery figure is the median over runs, with the range (min–max) in brackets. \"× plain\" divides a mode's rate by the plain queue's rate of the same run, then takes the median. pps counts frames delivered to the application per second (for TCP: payload read / payload per frame); Gbit/s counts payload. CPU figures are in cores (1.00 = one CPU busy for the whole window): the machine's /proc/stat columns (everything on the machine, not only this benchmark), and user/sys of the writer threads, receiver threads and threaded-NAPI kernel threads (/proc/<pid>/task/<tid>/stat). CPU µs/frame is the CPU time of the benchmark's own threads (writers, receivers, threaded-NAPI kthreads, including softirq work run in their context) per frame delivered, with the writers' time per frame written in brackets: it holds up better than rates when other work competes for the CPUs, but misses softirq work that ran in ksoftirqd or in other tasks' context. frames/skb is the tap's rx_packets (frames written into its queues) over Ip.InReceives (skbs reaching IP) in the pod netns: above 1 when GRO merged frames.\n\n")
 
 	t.goals(&b)
 	t.fact8(&b)
 	t.qdiscGoal(&b)
 	t.roundTrips(&b)
+	t.scaleSection(&b)
 
 	p("## Results\n\n")
 	p("![TCP throughput relative to a plain queue](datapath-tcp.svg)\n\n")
@@ -645,4 +651,87 @@ func (t *table) roundTrips(b *strings.Builder) {
 	p("One request at a time from a UDP socket in the pod; the VMM reads it from the queue fd and writes the response into the same queue at once. Each flow has one request outstanding. Times are from send(2) to the response's read(2); × plain divides by the plain queue's percentile of the same run.\n\n")
 	p("| workload | queues | mode | p50 | p99 | p50 × plain | p99 × plain |\n|---|---|---|---|---|---|---|\n")
 	p("%s\n\n", strings.Join(rows, "\n"))
+}
+
+// scaleSection reports threaded NAPI at scale: idle taps' memory and
+// wakeups, and the cells with more flows (queues) than CPUs.
+func (t *table) scaleSection(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	sc := t.res.Scale
+	var loaded [][2]any
+	for _, size := range t.opts.Sizes {
+		for _, q := range t.opts.Queues {
+			if size.Dir == guestToHost && q > t.res.Machine.CPUs && t.has(size.Name, q, "threaded") {
+				loaded = append(loaded, [2]any{size, q})
+			}
+		}
+	}
+	if sc == nil && len(loaded) == 0 {
+		return
+	}
+	p("## Threaded NAPI at scale\n\n")
+	if sc != nil {
+		p("%d taps of %d queues at once, up, root qdisc noqueue, no traffic: NAPI against threaded NAPI, %d rounds, modes alternated. Memory is what /proc/meminfo gained once the taps were made (machine-wide: other work on the machine shows too); the threads' runs are how often the taps' napi/ kernel threads were put on a CPU in %.0f s of idle (schedstat), ctxt the machine's context switches per second.\n\n",
+			sc.Taps, sc.Queues, len(sc.Samples)/2, sc.IdleSeconds)
+		p("| mode | napi/ threads | Slab | SUnreclaim | KernelStack | per queue (Slab + KernelStack) | thread runs/s | thread CPU | machine ctxt/s | make all taps |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		med := map[string]float64{}
+		for _, mode := range []string{"napi", "threaded"} {
+			var ss []ScaleSample
+			for _, s := range sc.Samples {
+				if s.Mode == mode {
+					ss = append(ss, s)
+				}
+			}
+			if len(ss) == 0 {
+				continue
+			}
+			sp := func(f func(ScaleSample) float64) Spread {
+				var v []float64
+				for _, s := range ss {
+					v = append(v, f(s))
+				}
+				return spreadOf(v)
+			}
+			mib := func(kib int64) float64 { return float64(kib) / 1024 }
+			perQ := sp(func(s ScaleSample) float64 { return float64(s.SlabKiB+s.KernelStackKiB) / float64(sc.Taps*sc.Queues) })
+			med[mode] = perQ.Median
+			p("| %s | %s | %s MiB | %s MiB | %s MiB | %s KiB | %s | %s ms | %s | %s s |\n", mode,
+				fmtSpread(sp(func(s ScaleSample) float64 { return float64(s.Threads) }), fixed(0)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.SlabKiB) }), fixed(1)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.SUnreclaimKiB) }), fixed(1)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.KernelStackKiB) }), fixed(1)),
+				fmtSpread(perQ, fixed(1)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return s.ThreadRunsPerSec }), fixed(2)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return s.ThreadCPUms }), fixed(1)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return s.CtxtPerSec }), fixed(0)),
+				fmtSpread(sp(func(s ScaleSample) float64 { return s.CreateSeconds }), fixed(1)))
+		}
+		if n, th := med["napi"], med["threaded"]; n > 0 && th > 0 {
+			p("\nA NAPI kernel thread costs about %.0f KiB (the medians' difference per queue); %d of them about %.1f MiB.\n", th-n, sc.Taps*sc.Queues, (th-n)*float64(sc.Taps*sc.Queues)/1024)
+		}
+		p("\n")
+	}
+	if len(loaded) > 0 {
+		p("Under load, more flows than CPUs (%d CPUs; one flow per queue, guest to host, same run; tables below):\n\n", t.res.Machine.CPUs)
+		p("| workload | flows | napi × plain | threaded × plain | threaded ÷ napi | loss, threaded | CPU µs/frame plain / napi / threaded |\n|---|---|---|---|---|---|---|\n")
+		for _, l := range loaded {
+			size, q := l[0].(Size), l[1].(int)
+			r := func(mode, base string) string {
+				s, ok := t.pairRatio(size.Name, q, mode, base, func(s Sample) float64 { return s.PPS })
+				if !ok {
+					return "–"
+				}
+				return fmtSpread(s, ratioStr)
+			}
+			loss := "–"
+			if size.Proto == protoUDP {
+				loss = fmtSpread(t.spread(size.Name, q, "threaded", func(s Sample) float64 { return 100 * s.Loss }), fixed(1)) + "%"
+			}
+			cpu := func(m string) string {
+				return fixed(2)(t.spread(size.Name, q, m, func(s Sample) float64 { return s.CPUPerFrameUs }).Median)
+			}
+			p("| %s | %d | %s | %s | %s | %s | %s / %s / %s |\n", size.describe(), q, r("napi", "plain"), r("threaded", "plain"), r("threaded", "napi"), loss, cpu("plain"), cpu("napi"), cpu("threaded"))
+		}
+		p("\n")
+	}
 }
