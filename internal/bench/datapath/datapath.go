@@ -493,7 +493,7 @@ type Results struct {
 	Runs     int         `json:"runs"`
 	Samples  []Sample    `json:"samples"`
 	// Merged lists the other runs a report was made from (--from-json).
-	Merged []RunInfo      `json:"merged,omitempty"`
+	Merged []RunInfo     `json:"merged,omitempty"`
 	Scale  *ScaleResults `json:"scale,omitempty"`
 }
 
@@ -511,9 +511,9 @@ type Sample struct {
 	TxFrames  uint64  `json:"tx_frames"`  // write(2)s of data frames
 	TxBytes   uint64  `json:"tx_bytes"`
 	Retrans   uint64  `json:"retransmits"` // host to guest: holes the guest saw
-	Paced     uint64  `json:"paced"`   // UDP writer waits for a backlog
-	Blocked   uint64  `json:"blocked"` // TCP writer found the window full
-	ACKs      uint64  `json:"acks"`    // TCP ACKs the writer read from the tap, or the guest wrote
+	Paced     uint64  `json:"paced"`       // UDP writer waits for a backlog
+	Blocked   uint64  `json:"blocked"`     // TCP writer found the window full
+	ACKs      uint64  `json:"acks"`        // TCP ACKs the writer read from the tap, or the guest wrote
 
 	// Qdisc is the tap's root qdisc as the kernel reports it, with the
 	// kind of its children: "mq/pfifo_fast", "pfifo_fast", "noqueue".

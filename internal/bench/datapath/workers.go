@@ -53,7 +53,7 @@ type flow struct {
 	idx              int
 	queueFD          int
 	srcPort, dstPort uint16
-	sock             int // the pod's socket: UDP, accepted or connected TCP
+	sock             int       // the pod's socket: UDP, accepted or connected TCP
 	tcp              *tcpState // guest to host: the VMM writes the stream
 	guest            *guestTCP // host to guest: the VMM receives the stream
 	response         []byte    // round trips: the VMM's answer
