@@ -39,6 +39,8 @@ import (
 
 	mrand "math/rand/v2"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -424,9 +426,9 @@ func loadResults(opts options) (*Results, options, error) {
 			res = &r
 			continue
 		}
-		res.Merged = append(res.Merged, RunInfo{Command: r.Command, Started: r.Started, Finished: r.Finished,
-			LoadAvg: r.Machine.LoadAvg, Modes: r.Modes, Sizes: r.Sizes, Queues: r.Queues, Runs: r.Runs})
 		res.Samples = append(res.Samples, r.Samples...)
+		r.Samples, r.Settings = nil, nil
+		res.Merged = append(res.Merged, r)
 		res.Modes = union(res.Modes, r.Modes)
 		res.Sizes = union(res.Sizes, r.Sizes)
 		res.Queues = union(res.Queues, r.Queues)
@@ -468,18 +470,6 @@ func union[T comparable](a, b []T) []T {
 	return a
 }
 
-// RunInfo describes a run whose samples were merged into a report.
-type RunInfo struct {
-	Command  string    `json:"command"`
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished"`
-	LoadAvg  string    `json:"loadavg_at_start"`
-	Modes    []string  `json:"modes"`
-	Sizes    []string  `json:"sizes"`
-	Queues   []int     `json:"queues"`
-	Runs     int       `json:"runs"`
-}
-
 // Results of one benchmark.
 type Results struct {
 	Command  string      `json:"command"`
@@ -492,8 +482,9 @@ type Results struct {
 	Queues   []int       `json:"queues"`
 	Runs     int         `json:"runs"`
 	Samples  []Sample    `json:"samples"`
-	// Merged lists the other runs a report was made from (--from-json).
-	Merged []RunInfo     `json:"merged,omitempty"`
+	// Merged are the other runs a report was made from (--from-json),
+	// without their samples.
+	Merged []Results     `json:"merged,omitempty"`
 	Scale  *ScaleResults `json:"scale,omitempty"`
 }
 
@@ -944,19 +935,9 @@ type MachineInfo struct {
 
 func machineInfo() MachineInfo {
 	m := MachineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
-	var u syscall.Utsname
-	if syscall.Uname(&u) == nil {
-		str := func(b [65]int8) string {
-			var s []byte
-			for _, c := range b {
-				if c == 0 {
-					break
-				}
-				s = append(s, byte(c))
-			}
-			return string(s)
-		}
-		m.Kernel = fmt.Sprintf("Linux %s %s", str(u.Release), str(u.Machine))
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = fmt.Sprintf("Linux %s %s", unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
 	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(raw), "\n") {

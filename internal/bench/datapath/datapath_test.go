@@ -273,7 +273,7 @@ func TestReport(t *testing.T) {
 		t.Errorf("threaded ratio %+v %v, want 2.8 over 2 runs", r, ok)
 	}
 	md := tb.markdown()
-	for _, want := range []string{"**Meets both (by the median):** `gro50`", "confirmed — threaded ÷ plain 2.80x", "| napi | ", "datapath-tcp.svg"} {
+	for _, want := range []string{"**Meets both (by the median):** `gro50`", "| threaded | 420 (280–560) | 7.00 | 2.80x |", "| napi | ", "datapath-tcp.svg"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}

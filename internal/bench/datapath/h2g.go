@@ -54,7 +54,7 @@ func (c *cellRun) readQueue(f *flow) {
 			}
 		case errors.Is(err, unix.EAGAIN):
 			for _, g := range pending {
-				c.guestACK(fd, g, false)
+				c.guestACK(fd, g)
 			}
 			pending = pending[:0]
 			if _, err := unix.Poll(pfd, int(rcvTimeout/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
@@ -147,13 +147,12 @@ func (c *cellRun) guestSegment(fd int, f *flow, t tcpInfo) bool {
 	return false
 }
 
-// guestACK sends flow f's ACK if segments are waiting for one (or always,
-// with force).
-func (c *cellRun) guestACK(fd int, f *flow, force bool) {
+// guestACK sends flow f's ACK if segments are waiting for one.
+func (c *cellRun) guestACK(fd int, f *flow) {
 	g := f.guest
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.unacked > 0 || force {
+	if g.unacked > 0 {
 		c.ackLocked(fd, f)
 	}
 }

@@ -38,12 +38,10 @@ type ScaleSample struct {
 	SlabKiB        int64 `json:"slab_kib"`
 	SUnreclaimKiB  int64 `json:"sunreclaim_kib"`
 	KernelStackKiB int64 `json:"kernel_stack_kib"`
-	// Over the idle window: how often the taps' napi/ threads were put on
-	// a CPU (schedstat's third field) and the CPU time they took, and the
-	// machine's context switches (/proc/stat ctxt), per second.
+	// Over the idle window: how often per second the taps' napi/ threads
+	// were put on a CPU (schedstat's third field), and their CPU time.
 	ThreadRunsPerSec float64 `json:"thread_runs_per_sec"`
 	ThreadCPUms      float64 `json:"thread_cpu_ms"`
-	CtxtPerSec       float64 `json:"ctxt_per_sec"`
 	CreateSeconds    float64 `json:"create_seconds"`
 }
 
@@ -60,8 +58,8 @@ func (b *bench) scale(ctx context.Context) (*ScaleResults, error) {
 				return res, fmt.Errorf("round %d, %s: %w", r, m.Name, err)
 			}
 			res.Samples = append(res.Samples, s)
-			fmt.Fprintf(b.log, "  round %d %-8s %3d threads  slab %+7d KiB  kernel stack %+6d KiB  thread runs %.1f/s  ctxt %.0f/s\n",
-				r, m.Name, s.Threads, s.SlabKiB, s.KernelStackKiB, s.ThreadRunsPerSec, s.CtxtPerSec)
+			fmt.Fprintf(b.log, "  round %d %-8s %3d threads  slab %+7d KiB  kernel stack %+6d KiB  thread runs %.1f/s\n",
+				r, m.Name, s.Threads, s.SlabKiB, s.KernelStackKiB, s.ThreadRunsPerSec)
 		}
 	}
 	return res, nil
@@ -117,23 +115,13 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	threads := napiThreads(prefix)
 	s.Threads = len(threads)
 	runs0, cpu0 := schedstats(threads)
-	c0, err := contextSwitches()
-	if err != nil {
-		return s, err
-	}
 	t0 := time.Now()
 	if err := sleep(b.opts.ScaleIdle); err != nil {
 		return s, err
 	}
 	runs1, cpu1 := schedstats(threads)
-	c1, err := contextSwitches()
-	if err != nil {
-		return s, err
-	}
-	sec := time.Since(t0).Seconds()
-	s.ThreadRunsPerSec = float64(runs1-runs0) / sec
+	s.ThreadRunsPerSec = float64(runs1-runs0) / time.Since(t0).Seconds()
 	s.ThreadCPUms = float64(cpu1-cpu0) / 1e6
-	s.CtxtPerSec = float64(c1-c0) / sec
 	return s, nil
 }
 
@@ -168,18 +156,4 @@ func schedstats(pids []int) (runs, cpuNs uint64) {
 		}
 	}
 	return runs, cpuNs
-}
-
-// contextSwitches is the machine's count since boot (/proc/stat ctxt).
-func contextSwitches() (uint64, error) {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "ctxt "); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, errors.New("/proc/stat: no ctxt line")
 }
