@@ -308,7 +308,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"tap configurations: plain, or '+'-joined napi, threaded, frags, gro<us>, defer<n> (e.g. threaded+gro50)")
 	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads, guest to host: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]; host to guest: h2g-udp<payload>, h2g-tcp; round trips: rr<payload>; none: only --scale-taps")
 	queues := fs.String("queues", "1,2", "queue counts; N queues get N flows, N writers (one per queue fd) and N receivers")
-	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json, datapath-tcp.svg and datapath-udp.svg")
+	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json and the plots datapath-tcp.svg, datapath-udp.svg and datapath-h2g.svg")
 	wcpus := fs.String("writer-cpus", "0", "CPUs for the writers (writer i on entry i mod len)")
 	rcpus := fs.String("receiver-cpus", "", "CPUs for the receivers (default: the last CPU)")
 	fs.StringVar(&o.Csum, "csum", "full", "checksums of non-GSO frames: full (vnet header all zero, the kernel verifies) or partial (NEEDS_CSUM); GSO frames are always partial")
