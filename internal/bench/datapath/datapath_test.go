@@ -191,6 +191,41 @@ func TestAUDPFrameParsesToItsPortAndPayload(t *testing.T) {
 	}
 }
 
+func TestTheGuestKeepsWhatCameBeyondAHoleAndAcksOverItOnceFilled(t *testing.T) {
+	cases := []struct {
+		name     string
+		start    uint32      // rcvNxt before
+		segs     [][2]uint32 // [seq, end) in arrival order
+		wantNxt  uint32
+		wantOFO  int
+		wantRead uint32
+	}{
+		{"in order", 0, [][2]uint32{{0, 10}, {10, 20}}, 20, 0, 20},
+		{"a hole keeps what follows", 0, [][2]uint32{{0, 10}, {20, 30}, {30, 40}}, 10, 1, 10},
+		{"filling the hole takes everything kept", 0, [][2]uint32{{0, 10}, {20, 30}, {40, 50}, {30, 40}, {10, 20}}, 50, 0, 50},
+		{"two holes, the first filled", 0, [][2]uint32{{20, 30}, {40, 50}, {0, 20}}, 30, 1, 30},
+		{"a duplicate changes nothing", 0, [][2]uint32{{0, 10}, {0, 10}}, 10, 0, 10},
+		{"across the sequence wrap", 0xfffffff0, [][2]uint32{{0xfffffff0, 0xfffffffa}, {5, 15}, {0xfffffffa, 5}}, 15, 0, 0x1f},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := &guestTCP{rcvNxt: c.start}
+			var read uint32
+			for _, s := range c.segs {
+				switch {
+				case int32(s[0]-g.rcvNxt) <= 0 && int32(s[1]-g.rcvNxt) > 0:
+					read += g.advance(s[1])
+				case int32(s[0]-g.rcvNxt) > 0:
+					g.addOFO(s[0], s[1])
+				}
+			}
+			if g.rcvNxt != c.wantNxt || len(g.ofo) != c.wantOFO || read != c.wantRead {
+				t.Errorf("rcvNxt %d, %d ranges kept (%v), %d bytes in order; want %d, %d, %d", g.rcvNxt, len(g.ofo), g.ofo, read, c.wantNxt, c.wantOFO, c.wantRead)
+			}
+		})
+	}
+}
+
 func TestParseSynAck(t *testing.T) {
 	opts := []byte{2, 4, 0x05, 0xb4, 1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 8, 1, 3, 3, 10}
 	f := tcpControl(tapMAC, 5201, 40000, 100, 201, tcpSYN|tcpACK, opts)

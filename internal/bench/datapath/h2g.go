@@ -33,6 +33,53 @@ type guestTCP struct {
 	tsRecent    uint32
 	unacked     int
 	ack         *tcpSegmenter // a reusable pure ACK
+	// ofo are the ranges received beyond a hole, as a guest's
+	// out-of-order queue holds them: without it one lost segment would
+	// cost the sender its whole window.
+	ofo [][2]uint32
+}
+
+// maxOFO bounds the out-of-order ranges kept, as a receive buffer would.
+const maxOFO = 1024
+
+// addOFO keeps [seq, end) beyond rcvNxt, ranges sorted and merged.
+func (g *guestTCP) addOFO(seq, end uint32) {
+	off := func(v uint32) int32 { return int32(v - g.rcvNxt) }
+	i := 0
+	for i < len(g.ofo) && off(g.ofo[i][1]) < off(seq) {
+		i++
+	}
+	if i == len(g.ofo) || off(end) < off(g.ofo[i][0]) {
+		if len(g.ofo) < maxOFO {
+			g.ofo = slices.Insert(g.ofo, i, [2]uint32{seq, end})
+		}
+		return
+	}
+	// Overlaps or touches g.ofo[i]: merge it and any it now reaches.
+	if off(seq) < off(g.ofo[i][0]) {
+		g.ofo[i][0] = seq
+	}
+	if off(end) > off(g.ofo[i][1]) {
+		g.ofo[i][1] = end
+	}
+	for i+1 < len(g.ofo) && off(g.ofo[i+1][0]) <= off(g.ofo[i][1]) {
+		g.ofo[i][1] = max(g.ofo[i][1]-g.rcvNxt, g.ofo[i+1][1]-g.rcvNxt) + g.rcvNxt
+		g.ofo = slices.Delete(g.ofo, i+1, i+2)
+	}
+}
+
+// advance moves rcvNxt to end and over the out-of-order ranges that now
+// follow it; it returns the bytes that became in order.
+func (g *guestTCP) advance(end uint32) uint32 {
+	start := g.rcvNxt
+	g.rcvNxt = end
+	for len(g.ofo) > 0 && int32(g.ofo[0][0]-g.rcvNxt) <= 0 {
+		if int32(g.ofo[0][1]-g.rcvNxt) > 0 {
+			g.rcvNxt = g.ofo[0][1]
+		}
+		g.ofo = g.ofo[1:]
+	}
+	return g.rcvNxt - start
 }
 
 // ackEvery is how many in-order segments the guest takes before it ACKs;
@@ -129,7 +176,7 @@ func (c *cellRun) guestSegment(fd int, f *flow, t tcpInfo) bool {
 	}
 	end := t.seq + uint32(t.payloadLen)
 	switch {
-	case t.seq == g.rcvNxt:
+	case t.seq == g.rcvNxt && len(g.ofo) == 0:
 		g.rcvNxt = end
 		g.tsRecent = t.tsval
 		f.rxBytes.Add(uint64(t.payloadLen))
@@ -137,11 +184,17 @@ func (c *cellRun) guestSegment(fd int, f *flow, t tcpInfo) bool {
 		if g.unacked++; g.unacked < ackEvery {
 			return true
 		}
-	case int32(t.seq-g.rcvNxt) < 0 && int32(end-g.rcvNxt) > 0:
-		f.rxBytes.Add(uint64(end - g.rcvNxt)) // a retransmission that overlaps
-		g.rcvNxt = end
+	case int32(t.seq-g.rcvNxt) <= 0 && int32(end-g.rcvNxt) > 0:
+		// Fills the hole (or overlaps what came): ACK at once, as a
+		// receiver does when its out-of-order queue drains.
+		g.tsRecent = t.tsval
+		f.rxBytes.Add(uint64(g.advance(end)))
+		f.rxPackets.Store(f.rxBytes.Load() / tcpMSS)
+	case int32(t.seq-g.rcvNxt) > 0:
+		f.retrans.Add(1) // beyond a hole: kept, and a duplicate ACK
+		g.addOFO(t.seq, end)
 	default:
-		f.retrans.Add(1) // a hole or a duplicate
+		f.retrans.Add(1) // a duplicate
 	}
 	c.ackLocked(fd, f)
 	return false
