@@ -427,7 +427,7 @@ func loadResults(opts options) (*Results, options, error) {
 			continue
 		}
 		res.Samples = append(res.Samples, r.Samples...)
-		r.Samples, r.Settings = nil, nil
+		r.Samples = nil
 		res.Merged = append(res.Merged, r)
 		res.Modes = union(res.Modes, r.Modes)
 		res.Sizes = union(res.Sizes, r.Sizes)

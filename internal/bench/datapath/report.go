@@ -168,6 +168,14 @@ func (t *table) markdown() string {
 		p("- With the cells of another run (sizes %s, queues %v, modes %s; %d runs; %s to %s, load average at start %s):\n\n  ```\n  %s\n  ```\n",
 			strings.Join(r.Sizes, ", "), r.Queues, strings.Join(r.Modes, ", "), r.Runs,
 			r.Started.Format("2006-01-02 15:04 MST"), r.Finished.Format("15:04"), r.Machine.LoadAvg, r.Command)
+		for _, set := range r.Settings {
+			if !slices.Contains(t.res.Settings, set) {
+				p("  - %s\n", set)
+			}
+		}
+	}
+	if slices.ContainsFunc(t.opts.Sizes, func(s Size) bool { return s.Dir != guestToHost }) {
+		p("- host to guest: a socket in the pod sends (UDP: sendmmsg(2) of 64 datagrams, as fast as the socket takes them; TCP: write(2) of 128 KiB, the kernel's congestion control); the VMM side reads each queue fd, one reader per queue pinned like the writers (O_NONBLOCK: read(2) until EAGAIN, then poll(2)), and for TCP is the peer: SYN-ACK, an ACK every %d in-order segments or when its queue runs dry, a duplicate ACK at once for anything out of order, which it keeps as a guest's out-of-order queue does; round trips: each flow has one request outstanding, and the VMM writes the response into the queue it read the request from. The pod's socket threads are pinned like the receivers; \"writer\" CPU columns are the VMM's, \"receiver\" the pod's\n", ackEvery)
 	}
 	p("\nEvery figure is the median over runs, with the range (min–max) in brackets. \"× plain\" divides a mode's rate by the plain queue's rate of the same run, then takes the median. pps counts frames delivered to the application per second (for TCP: payload read / payload per frame); Gbit/s counts payload. CPU figures are in cores (1.00 = one CPU busy for the whole window): the machine's /proc/stat columns (everything on the machine, not only this benchmark), and user/sys of the writer threads, receiver threads and threaded-NAPI kernel threads (/proc/<pid>/task/<tid>/stat). CPU µs/frame is the CPU time of the benchmark's own threads (writers, receivers, threaded-NAPI kthreads, including softirq work run in their context) per frame delivered, with the writers' time per frame written in brackets: it holds up better than rates when other work competes for the CPUs, but misses softirq work that ran in ksoftirqd or in other tasks' context. frames/skb is the tap's rx_packets (frames written into its queues) over Ip.InReceives (skbs reaching IP) in the pod netns: above 1 when GRO merged frames.\n\n")
 
