@@ -314,7 +314,7 @@ func TestReport(t *testing.T) {
 		}
 	}
 	for _, pr := range []proto{protoTCP, protoUDP} {
-		svg := tb.plot(pr)
+		svg := tb.plot("plot", 1, func(s Size) bool { return s.Proto == pr })
 		d := xml.NewDecoder(strings.NewReader(svg))
 		for {
 			_, err := d.Token()

@@ -125,11 +125,14 @@ func writeReport(res *Results, opts options) error {
 		return err
 	}
 	files := map[string][]byte{
-		"datapath.json":    append(raw, '\n'),
-		"datapath.md":      []byte(t.markdown()),
-		"datapath-tcp.svg": []byte(t.plot(protoTCP)),
-		"datapath-udp.svg": []byte(t.plot(protoUDP)),
-		"datapath-h2g.svg": []byte(t.plotH2G()),
+		"datapath.json": append(raw, '\n'),
+		"datapath.md":   []byte(t.markdown()),
+		"datapath-tcp.svg": []byte(t.plot("TCP throughput relative to a plain queue", goalTCP,
+			func(s Size) bool { return s.Dir == guestToHost && s.Proto == protoTCP })),
+		"datapath-udp.svg": []byte(t.plot("UDP pps relative to a plain queue", goalUDP,
+			func(s Size) bool { return s.Dir == guestToHost && s.Proto == protoUDP })),
+		"datapath-h2g.svg": []byte(t.plot("Host to guest and round trips relative to a plain queue", 0,
+			func(s Size) bool { return s.Dir != guestToHost })),
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(opts.Out, name), b, 0o644); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -21,65 +22,45 @@ type plotGroup struct {
 	bars       []plotBar
 }
 
-// plot draws, for every size of proto and every queue count, one bar per
-// mode: its rate relative to plain in the same run (median, whiskers
-// min–max), with the goal as a line.
-func (t *table) plot(pr proto) string {
-	goal, unit, title := goalUDP, "kpps", "UDP pps relative to a plain queue"
-	if pr == protoTCP {
-		goal, unit, title = goalTCP, "Gbit/s", "TCP throughput relative to a plain queue"
-	}
-	var groups []plotGroup
-	for _, size := range t.opts.Sizes {
-		if size.Proto != pr || size.Dir != guestToHost {
-			continue
-		}
-		for _, q := range t.opts.Queues {
-			if !t.hasGroup(size.Name, q) {
-				continue
-			}
-			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
-			if t.has(size.Name, q, "plain") {
-				if pr == protoTCP {
-					g.sub = fmt.Sprintf("plain %.2f %s", t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.Gbps }).Median, unit)
-				} else {
-					g.sub = fmt.Sprintf("plain %s %s", kpps(t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.PPS }).Median), unit)
+// plot draws, for every size keep selects and every queue count, one bar
+// per mode measured there: its rate (round trips per second for rr)
+// relative to plain in the same run (median, whiskers min–max), with the
+// goal as a line when there is one.
+func (t *table) plot(title string, goal float64, keep func(Size) bool) string {
+	var modes []string
+	for _, m := range t.opts.Modes {
+		for _, size := range t.opts.Sizes {
+			for _, q := range t.opts.Queues {
+				if keep(size) && t.has(size.Name, q, m.Name) && !slices.Contains(modes, m.Name) {
+					modes = append(modes, m.Name)
 				}
 			}
-			for _, m := range t.opts.Modes {
-				r, ok := t.ratio(size.Name, q, m.Name)
-				g.bars = append(g.bars, plotBar{mode: m.Name, med: r.Median, min: r.Min, max: r.Max, ok: ok})
-			}
-			groups = append(groups, g)
 		}
 	}
-	sub := fmt.Sprintf("median of %d runs, whiskers min–max; dashed: plain (1.0), red: goal %.2gx", t.opts.Runs, goal)
-	return barChart(title, sub, groups, modeNames(t.opts.Modes), goal)
-}
-
-// plotH2G draws the host-to-guest and round-trip cells like plot: rate
-// (round trips per second) relative to plain in the same run, the goal
-// line at 1.0, the kernel's qdisc's level.
-func (t *table) plotH2G() string {
 	var groups []plotGroup
 	for _, size := range t.opts.Sizes {
-		if size.Dir == guestToHost {
-			continue
-		}
 		for _, q := range t.opts.Queues {
-			if !t.hasGroup(size.Name, q) {
+			if !keep(size) || !t.hasGroup(size.Name, q) {
 				continue
 			}
 			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
-			for _, m := range t.opts.Modes {
-				r, ok := t.ratio(size.Name, q, m.Name)
-				g.bars = append(g.bars, plotBar{mode: m.Name, med: r.Median, min: r.Min, max: r.Max, ok: ok})
+			if size.Proto == protoTCP {
+				g.sub = fmt.Sprintf("plain %.2f Gbit/s", t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.Gbps }).Median)
+			} else {
+				g.sub = fmt.Sprintf("plain %s kpps", kpps(t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.PPS }).Median))
+			}
+			for _, m := range modes {
+				r, ok := t.ratio(size.Name, q, m)
+				g.bars = append(g.bars, plotBar{mode: m, med: r.Median, min: r.Min, max: r.Max, ok: ok})
 			}
 			groups = append(groups, g)
 		}
 	}
-	sub := fmt.Sprintf("pps (round trips/s for rr) × plain, median of %d runs, whiskers min–max", t.opts.Runs)
-	return barChart("Host to guest and round trips relative to a plain queue", sub, groups, modeNames(t.opts.Modes), 0)
+	sub := fmt.Sprintf("median of %d runs, whiskers min–max; dashed: plain (1.0)", t.opts.Runs)
+	if goal > 0 {
+		sub += fmt.Sprintf(", red: goal %.2gx", goal)
+	}
+	return barChart(title, sub, groups, modes, goal)
 }
 
 func modeNames(ms []Mode) []string {
