@@ -111,11 +111,19 @@ unit:
 	$(GO) test -count=1 ./pkg/config/...
 
 # Control and data plane side by side with their baselines; writes
-# docs/bench/*.md and plots. Run it on an idle machine.
+# docs/bench/*.md and plots. Run it on an idle machine. The data path runs
+# three ways (guest to host; host to guest and round trips; more flows than
+# CPUs and threaded NAPI at scale), merged into one report.
 bench: build tools
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugins/napitap/
 	$(GO) run ./cmd/napitap-bench cni --out docs/bench
-	$(GO) run ./cmd/napitap-bench datapath --out docs/bench
+	$(GO) run ./cmd/napitap-bench datapath --out $(BIN)/bench/g2h
+	$(GO) run ./cmd/napitap-bench datapath --sizes h2g-udp64,h2g-tcp,rr64 --queues 1,4 \
+		--modes plain,plain+noqueue,napi,napi+noqueue,threaded,threaded+noqueue --out $(BIN)/bench/h2g
+	$(GO) run ./cmd/napitap-bench datapath --sizes udp64,tcp1448 --queues 8 --modes plain,napi,threaded \
+		--runs 3 --scale-taps 110 --out $(BIN)/bench/scale
+	$(GO) run ./cmd/napitap-bench datapath --out docs/bench \
+		--from-json $(BIN)/bench/g2h/datapath.json,$(BIN)/bench/h2g/datapath.json,$(BIN)/bench/scale/datapath.json
 
 clean:
 	rm -rf $(BIN)

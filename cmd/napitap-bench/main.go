@@ -1,7 +1,8 @@
 // napitap-bench measures napitap side by side with a baseline in one run:
 //
 //	napitap-bench cni      ADD/DEL latency, RSS and bursts against the reference tap plugin
-//	napitap-bench datapath what NAPI, threaded NAPI and gro_flush_timeout do to a VMM's writes
+//	napitap-bench datapath what NAPI, threaded NAPI, gro_flush_timeout and the root qdisc do
+//	                       to a VMM's traffic both ways, its round trips, and threaded NAPI at scale
 //
 // Each writes a markdown table (and plots) under --out, docs/bench by default.
 package main

@@ -1,7 +1,9 @@
 // Package datapath is napitap-bench datapath: what NAPI, threaded NAPI,
-// gro_flush_timeout and NAPI_FRAGS do to the data path of a VMM without
-// vhost-net (Cloud Hypervisor, Firecracker, QEMU vhost=off), which writes
-// each guest frame into a tap queue fd with write(2).
+// gro_flush_timeout, NAPI_FRAGS and the root qdisc do to the data path of
+// a VMM without vhost-net (Cloud Hypervisor, Firecracker, QEMU vhost=off),
+// which writes each guest frame into a tap queue fd with write(2) and
+// reads each frame for the guest with read(2) (h2g.go), and what threaded
+// NAPI costs at scale (scale.go).
 //
 // A writer plays that VMM: 12-byte virtio-net header, one frame per write,
 // optionally 64 KB GSO frames; for TCP it is a real peer in userspace (it
@@ -31,10 +33,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	mrand "math/rand/v2"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
@@ -47,6 +52,20 @@ type Mode struct {
 	Threaded        bool // /sys/class/net/<tap>/threaded = 1
 	GROFlushTimeout uint64
 	DeferHardIRQs   uint32
+	// Qdisc is the tap's root qdisc, set before it goes up: "" leaves the
+	// kernel's (mq over pfifo_fast for a multiqueue tap, pfifo_fast for a
+	// single-queue one; DESIGN.md fact 15).
+	Qdisc string
+}
+
+// qdiscBase is the mode with the kernel's root qdisc that a mode with its
+// own qdisc is compared with: "threaded+noqueue" -> "threaded".
+func qdiscBase(name string) (string, bool) {
+	base, ok := strings.CutSuffix(name, "+noqueue")
+	if !ok {
+		return "", false
+	}
+	return base, true
 }
 
 func (m Mode) knobs() tapsetup.NAPIKnobs {
@@ -63,10 +82,10 @@ func (m Mode) knobs() tapsetup.NAPIKnobs {
 }
 
 func (m Mode) describe() string {
-	if !m.NAPI {
-		return "plain queue (no IFF_NAPI)"
+	parts := []string{"plain queue (no IFF_NAPI)"}
+	if m.NAPI {
+		parts = []string{"IFF_NAPI"}
 	}
-	parts := []string{"IFF_NAPI"}
 	if m.Frags {
 		parts = append(parts, "IFF_NAPI_FRAGS")
 	}
@@ -79,18 +98,26 @@ func (m Mode) describe() string {
 	if m.DeferHardIRQs != 0 {
 		parts = append(parts, fmt.Sprintf("napi_defer_hard_irqs=%d", m.DeferHardIRQs))
 	}
+	if m.Qdisc != "" {
+		parts = append(parts, "root qdisc "+m.Qdisc)
+	}
 	return strings.Join(parts, ", ")
 }
 
 // parseMode: "plain", or '+'-joined tokens out of napi, threaded, frags,
-// gro<µs> (gro_flush_timeout) and defer<n> (napi_defer_hard_irqs); every
-// token but plain implies napi. Example: threaded+gro50.
+// gro<µs> (gro_flush_timeout) and defer<n> (napi_defer_hard_irqs), which
+// imply napi; either may end in "+noqueue" (root qdisc noqueue). Examples:
+// threaded+gro50, plain+noqueue.
 func parseMode(s string) (Mode, error) {
 	m := Mode{Name: s}
-	if s == "plain" {
+	rest := s
+	if base, ok := qdiscBase(s); ok {
+		m.Qdisc, rest = "noqueue", base
+	}
+	if rest == "plain" {
 		return m, nil
 	}
-	for _, tok := range strings.Split(s, "+") {
+	for _, tok := range strings.Split(rest, "+") {
 		m.NAPI = true
 		switch {
 		case tok == "napi":
@@ -111,7 +138,7 @@ func parseMode(s string) (Mode, error) {
 			}
 			m.DeferHardIRQs = uint32(n)
 		default:
-			return m, fmt.Errorf("mode %q: unknown token %q (plain, napi, threaded, frags, gro<us>, defer<n>)", s, tok)
+			return m, fmt.Errorf("mode %q: unknown token %q (plain, napi, threaded, frags, gro<us>, defer<n>, then +noqueue)", s, tok)
 		}
 	}
 	return m, nil
@@ -124,10 +151,28 @@ const (
 	protoTCP
 )
 
+// dir is where the traffic goes through the tap.
+type dir int
+
+const (
+	// guestToHost: the VMM writes frames into the queue fds (the tap
+	// receives, NAPI's side).
+	guestToHost dir = iota
+	// hostToGuest: the pod's socket sends and the VMM reads the queue fds
+	// (the tap transmits, the root qdisc's side).
+	hostToGuest
+	// roundTrip: one request from the pod, one response from the VMM,
+	// one at a time.
+	roundTrip
+)
+
 // Size is one workload: UDP datagrams or TCP segments of Payload bytes per
-// frame, or TCP GSO frames of Payload bytes cut at 1448.
+// frame, or TCP GSO frames of Payload bytes cut at 1448, guest to host;
+// or, host to guest, the same sent by a socket in the pod; or round trips
+// of Payload-byte UDP requests and responses.
 type Size struct {
 	Name    string
+	Dir     dir
 	Proto   proto
 	Payload int
 	GSO     bool
@@ -135,6 +180,12 @@ type Size struct {
 
 func (s Size) describe() string {
 	switch {
+	case s.Dir == roundTrip:
+		return fmt.Sprintf("round trips, %d-byte UDP request from the pod, %d-byte response from the VMM", s.Payload, s.Payload)
+	case s.Dir == hostToGuest && s.Proto == protoTCP:
+		return "host to guest, TCP, one stream per queue, 1448-byte segments"
+	case s.Dir == hostToGuest:
+		return fmt.Sprintf("host to guest, UDP, %d-byte datagrams", s.Payload)
 	case s.GSO:
 		return fmt.Sprintf("TCP, %d-byte GSO frames (gso_size %d, %d segments)", s.Payload, tcpMSS, s.Payload/tcpMSS)
 	case s.Proto == protoTCP:
@@ -146,8 +197,25 @@ func (s Size) describe() string {
 
 // parseSize: udp<N> (UDP payload N), tcp<N> (TCP payload N per segment),
 // gso<N>[k] (TCP GSO frames of N bytes, cut down to whole 1448-byte
-// segments that fit one IPv4 packet).
+// segments that fit one IPv4 packet), all guest to host; h2g-udp<N> and
+// h2g-tcp host to guest; rr<N> round trips of N-byte UDP payloads.
 func parseSize(s string) (Size, error) {
+	if rest, ok := strings.CutPrefix(s, "h2g-"); ok {
+		if rest == "tcp" {
+			return Size{Name: s, Dir: hostToGuest, Proto: protoTCP, Payload: tcpMSS}, nil
+		}
+		if !strings.HasPrefix(rest, "udp") {
+			return Size{}, fmt.Errorf("size %q: want h2g-udp<N> or h2g-tcp", s)
+		}
+		sz, err := parseSize(rest)
+		sz.Name, sz.Dir = s, hostToGuest
+		return sz, err
+	}
+	if rest, ok := strings.CutPrefix(s, "rr"); ok {
+		sz, err := parseSize("udp" + rest)
+		sz.Name, sz.Dir = s, roundTrip
+		return sz, err
+	}
 	num := func(t string) (int, error) {
 		mul := 1
 		if strings.HasSuffix(t, "k") {
@@ -189,7 +257,7 @@ func parseSize(s string) (Size, error) {
 		}
 		return Size{Name: s, Proto: protoTCP, Payload: n, GSO: true}, nil
 	}
-	return Size{}, fmt.Errorf("size %q: want udp<N>, tcp<N> or gso<N>[k]", s)
+	return Size{}, fmt.Errorf("size %q: want udp<N>, tcp<N>, gso<N>[k], h2g-udp<N>, h2g-tcp or rr<N>", s)
 }
 
 type options struct {
@@ -205,6 +273,9 @@ type options struct {
 	Blocking         bool
 	MaxBacklog       int
 	FromJSON         string
+	ScaleTaps        int
+	ScaleQueues      int
+	ScaleIdle        time.Duration
 	Args             []string
 }
 
@@ -235,14 +306,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Runs, "runs", 5, "runs of every cell; modes are interleaved within a run")
 	modes := fs.String("modes", "plain,napi,threaded,gro20,gro50,gro200,frags",
 		"tap configurations: plain, or '+'-joined napi, threaded, frags, gro<us>, defer<n> (e.g. threaded+gro50)")
-	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]")
+	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads, guest to host: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]; host to guest: h2g-udp<payload>, h2g-tcp; round trips: rr<payload>; none: only --scale-taps")
 	queues := fs.String("queues", "1,2", "queue counts; N queues get N flows, N writers (one per queue fd) and N receivers")
-	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json, datapath-tcp.svg and datapath-udp.svg")
+	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json and the plots datapath-tcp.svg, datapath-udp.svg and datapath-h2g.svg")
 	wcpus := fs.String("writer-cpus", "0", "CPUs for the writers (writer i on entry i mod len)")
 	rcpus := fs.String("receiver-cpus", "", "CPUs for the receivers (default: the last CPU)")
 	fs.StringVar(&o.Csum, "csum", "full", "checksums of non-GSO frames: full (vnet header all zero, the kernel verifies) or partial (NEEDS_CSUM); GSO frames are always partial")
 	fs.BoolVar(&o.Blocking, "blocking", false, "write with blocking queue fds; VMMs use O_NONBLOCK, which takes tun_build_skb for frames up to a page")
-	fs.StringVar(&o.FromJSON, "from-json", "", "measure nothing: write the report from a datapath.json of an earlier run")
+	fs.StringVar(&o.FromJSON, "from-json", "", "measure nothing: write the report from the datapath.json of earlier runs, comma-separated (cells measured in one run are only compared with each other)")
+	fs.IntVar(&o.ScaleTaps, "scale-taps", 0, "also measure threaded NAPI at scale: this many idle taps at once, NAPI against threaded NAPI, --runs rounds (0: not)")
+	fs.IntVar(&o.ScaleQueues, "scale-queues", 4, "queues of each --scale-taps tap")
+	fs.DurationVar(&o.ScaleIdle, "scale-idle", 10*time.Second, "how long --scale-taps counts the idle taps' kernel threads' wakeups")
 	fs.IntVar(&o.MaxBacklog, "max-backlog", 65536, "UDP: frames a writer may have outstanding (written, not yet received or dropped) before it waits; 0: no limit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -254,8 +328,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.Modes, err = parseList(*modes, parseMode); err != nil {
 		return o, err
 	}
-	if o.Sizes, err = parseList(*sizes, parseSize); err != nil {
-		return o, err
+	if *sizes != "none" {
+		if o.Sizes, err = parseList(*sizes, parseSize); err != nil {
+			return o, err
+		}
 	}
 	posInt := func(s string) (int, error) {
 		n, err := strconv.Atoi(s)
@@ -296,6 +372,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--csum %q: full or partial", o.Csum)
 	case o.MaxBacklog < 0:
 		return o, errors.New("--max-backlog: not negative")
+	case o.ScaleTaps < 0 || o.ScaleTaps > 1000 || o.ScaleQueues < 1 || o.ScaleQueues > 64:
+		return o, errors.New("--scale-taps: 0 to 1000, --scale-queues: 1 to 64")
+	case len(o.Sizes) == 0 && o.ScaleTaps == 0 && o.FromJSON == "":
+		return o, errors.New("--sizes none: nothing to measure without --scale-taps")
 	}
 	return o, nil
 }
@@ -328,17 +408,36 @@ func Main(args []string) error {
 	return writeReport(res, opts)
 }
 
-// loadResults reads the samples of an earlier run. Modes, sizes, queue
-// counts and runs come from the file when it has them, else from the flags.
+// loadResults reads the samples of earlier runs, the first one's header
+// first. Modes, sizes, queue counts and runs come from the files when they
+// have them, else from the flags.
 func loadResults(opts options) (*Results, options, error) {
-	raw, err := os.ReadFile(opts.FromJSON)
-	if err != nil {
-		return nil, opts, err
+	var res *Results
+	for _, file := range strings.Split(opts.FromJSON, ",") {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, opts, err
+		}
+		var r Results
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, opts, fmt.Errorf("%s: %w", file, err)
+		}
+		if res == nil {
+			res = &r
+			continue
+		}
+		res.Samples = append(res.Samples, r.Samples...)
+		r.Samples = nil
+		res.Merged = append(res.Merged, r)
+		res.Modes = union(res.Modes, r.Modes)
+		res.Sizes = union(res.Sizes, r.Sizes)
+		res.Queues = union(res.Queues, r.Queues)
+		res.Runs = max(res.Runs, r.Runs)
+		if r.Scale != nil {
+			res.Scale = r.Scale
+		}
 	}
-	var res Results
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return nil, opts, fmt.Errorf("%s: %w", opts.FromJSON, err)
-	}
+	var err error
 	if len(res.Modes) > 0 {
 		if opts.Modes, err = parseList(strings.Join(res.Modes, ","), parseMode); err != nil {
 			return nil, opts, err
@@ -351,6 +450,7 @@ func loadResults(opts options) (*Results, options, error) {
 	}
 	if len(res.Queues) > 0 {
 		opts.Queues = res.Queues
+		slices.Sort(opts.Queues)
 	}
 	if res.Runs > 0 {
 		opts.Runs = res.Runs
@@ -358,7 +458,16 @@ func loadResults(opts options) (*Results, options, error) {
 	for i := range res.Samples {
 		res.Samples[i].derive()
 	}
-	return &res, opts, nil
+	return res, opts, nil
+}
+
+func union[T comparable](a, b []T) []T {
+	for _, v := range b {
+		if !slices.Contains(a, v) {
+			a = append(a, v)
+		}
+	}
+	return a
 }
 
 // Results of one benchmark.
@@ -373,6 +482,10 @@ type Results struct {
 	Queues   []int       `json:"queues"`
 	Runs     int         `json:"runs"`
 	Samples  []Sample    `json:"samples"`
+	// Merged are the other runs a report was made from (--from-json),
+	// without their samples.
+	Merged []Results     `json:"merged,omitempty"`
+	Scale  *ScaleResults `json:"scale,omitempty"`
 }
 
 // Sample is one measured cell.
@@ -388,10 +501,17 @@ type Sample struct {
 	RxBytes   uint64  `json:"rx_bytes"`   // payload the application read
 	TxFrames  uint64  `json:"tx_frames"`  // write(2)s of data frames
 	TxBytes   uint64  `json:"tx_bytes"`
-	Retrans   uint64  `json:"retransmits"`
-	Paced     uint64  `json:"paced"`   // UDP writer waits for a backlog
-	Blocked   uint64  `json:"blocked"` // TCP writer found the window full
-	ACKs      uint64  `json:"acks"`    // TCP ACKs the writer read from the tap
+	Retrans   uint64  `json:"retransmits"` // host to guest: holes the guest saw
+	Paced     uint64  `json:"paced"`       // UDP writer waits for a backlog
+	Blocked   uint64  `json:"blocked"`     // TCP writer found the window full
+	ACKs      uint64  `json:"acks"`        // TCP ACKs the writer read from the tap, or the guest wrote
+
+	// Qdisc is the tap's root qdisc as the kernel reports it, with the
+	// kind of its children: "mq/pfifo_fast", "pfifo_fast", "noqueue".
+	Qdisc string `json:"qdisc,omitempty"`
+	// Round trips: percentiles of the request/response times in µs.
+	P50Us float64 `json:"p50_us,omitempty"`
+	P99Us float64 `json:"p99_us,omitempty"`
 
 	PPS   float64 `json:"pps"`
 	Gbps  float64 `json:"gbps"`
@@ -473,6 +593,11 @@ func run(ctx context.Context, opts options, log io.Writer) (res *Results, err er
 			}
 		}
 	}
+	if opts.ScaleTaps > 0 {
+		if res.Scale, err = b.scale(ctx); err != nil {
+			return res, fmt.Errorf("threaded NAPI at scale: %w", err)
+		}
+	}
 	res.Finished = time.Now()
 	return res, nil
 }
@@ -512,7 +637,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	// Room for every pinned worker plus the main goroutine.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.NumCPU(), 2*queues+2)))
 
-	tap, err := b.ns.createTap(name, mode, queues, !b.opts.Blocking)
+	tap, err := b.ns.createTap(name, mode, queues, !b.opts.Blocking, true)
 	if err != nil {
 		return s, err
 	}
@@ -529,67 +654,48 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	base := uint16(20000 + (b.cells*16)%20000)
 	for i := 0; i < queues; i++ {
 		f := &flow{idx: i, queueFD: tap.fds[i], srcPort: base + uint16(i), dstPort: 5201, sock: -1}
-		if size.Proto == protoUDP {
+		switch {
+		case size.Dir != guestToHost:
 			f.dstPort = 9000 + uint16(i)
-		} else {
+			if size.Proto == protoTCP {
+				f.guest = &guestTCP{iss: mrand.Uint32()}
+			} else {
+				f.response = buildUDPFrame(tap.mac, f.srcPort, f.dstPort, size.Payload, false)
+			}
+		case size.Proto == protoUDP:
+			f.dstPort = 9000 + uint16(i)
+		default:
 			f.tcp = &tcpState{iss: mrand.Uint32()}
 		}
 		c.flows = append(c.flows, f)
 	}
 	defer c.closeSockets()
-	err = b.ns.do(func() error {
+
+	// The side that receives starts first and stops last: the pod's
+	// receivers and the VMM's writers guest to host, the VMM's readers and
+	// the pod's senders host to guest.
+	receive, send := c.receiveUDP, c.writeUDP
+	recvCPUs, sendCPUs := b.opts.ReceiverCPUs, b.opts.WriterCPUs
+	recvTID, sendTID := func(f *flow) *atomic.Int32 { return &f.receiverTID }, func(f *flow) *atomic.Int32 { return &f.writerTID }
+	switch {
+	case size.Dir == guestToHost && size.Proto == protoTCP:
+		receive, send = c.receiveTCP, c.writeTCP
+	case size.Dir != guestToHost:
+		receive, send = c.readQueue, c.sendUDP
 		if size.Proto == protoTCP {
-			l, err := tcpListener(5201)
-			c.listener = l
-			return err
+			send = c.sendTCP
+		} else if size.Dir == roundTrip {
+			send = c.roundTrips
 		}
-		for _, f := range c.flows {
-			fd, err := udpSocket(f.dstPort)
-			if err != nil {
-				return err
-			}
-			f.sock = fd
-		}
-		return nil
-	})
-	if err != nil {
-		return s, fmt.Errorf("netns %s: %w", b.ns.name, err)
+		recvCPUs, sendCPUs = sendCPUs, recvCPUs
+		recvTID, sendTID = sendTID, recvTID
 	}
-	if size.Proto == protoTCP {
-		if err := c.handshakes(tap.mac); err != nil {
+	if size.Dir == guestToHost {
+		if err := c.podReceivers(); err != nil {
 			return s, err
 		}
 	}
-
-	// Receivers first, then writers; stop in the opposite order.
-	var ready sync.WaitGroup
-	for i, f := range c.flows {
-		cpu := b.opts.ReceiverCPUs[i%len(b.opts.ReceiverCPUs)]
-		f := f
-		c.goPinned(cpu, &f.receiverTID, &ready, fmt.Sprintf("receiver %d", i), nil, func() {
-			if size.Proto == protoTCP {
-				c.receiveTCP(f)
-			} else {
-				c.receiveUDP(f)
-			}
-		})
-	}
-	ready.Wait()
-	writersDone := make(chan struct{})
-	var writers sync.WaitGroup
-	for i, f := range c.flows {
-		cpu := b.opts.WriterCPUs[i%len(b.opts.WriterCPUs)]
-		f := f
-		writers.Add(1)
-		c.goPinned(cpu, &f.writerTID, &ready, fmt.Sprintf("writer %d", i), writers.Done, func() {
-			if size.Proto == protoTCP {
-				c.writeTCP(f)
-			} else {
-				c.writeUDP(f)
-			}
-		})
-	}
-	go func() { writers.Wait(); close(writersDone) }()
+	var ready, writers sync.WaitGroup
 	stopped := false
 	stopAll := func() error {
 		if stopped {
@@ -599,26 +705,30 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 		c.stopWriters.Store(true)
 		t := time.NewTimer(5 * time.Second)
 		defer t.Stop()
-		select {
-		case <-writersDone:
-		case <-t.C:
-			return errors.New("writers did not stop within 5s")
+		if err := waitOrTimer(&writers, t, "senders"); err != nil {
+			return err
 		}
 		c.stopReceivers.Store(true)
-		done := make(chan struct{})
-		go func() { c.wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-t.C:
-			return errors.New("receivers did not stop within 5s")
-		}
-		return nil
+		return waitOrTimer(&c.wg, t, "receivers")
 	}
 	defer func() {
 		if serr := stopAll(); serr != nil {
 			err = errors.Join(err, serr)
 		}
 	}()
+	for i, f := range c.flows {
+		c.goPinned(recvCPUs[i%len(recvCPUs)], recvTID(f), &ready, fmt.Sprintf("receiver %d", i), nil, func() { receive(f) })
+	}
+	ready.Wait()
+	if size.Dir != guestToHost {
+		if err := b.ns.do(c.podSockets); err != nil {
+			return s, fmt.Errorf("netns %s: %w", b.ns.name, err)
+		}
+	}
+	for i, f := range c.flows {
+		writers.Add(1)
+		c.goPinned(sendCPUs[i%len(sendCPUs)], sendTID(f), &ready, fmt.Sprintf("sender %d", i), writers.Done, func() { send(f) })
+	}
 	ready.Wait()
 
 	sleep := func(d time.Duration) error {
@@ -642,9 +752,11 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	if err != nil {
 		return s, err
 	}
+	c.measuring.Store(true)
 	if err := sleep(b.opts.Duration); err != nil {
 		return s, err
 	}
+	c.measuring.Store(false)
 	s1, err := c.snapshot(kthreads)
 	if err != nil {
 		return s, err
@@ -665,11 +777,51 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	return s, nil
 }
 
+// waitOrTimer waits for wg until t fires.
+func waitOrTimer(wg *sync.WaitGroup, t *time.Timer, what string) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%s did not stop within 5s", what)
+	}
+}
+
+// podReceivers opens the pod's receiving sockets of a guest-to-host cell
+// and, for TCP, connects every flow.
+func (c *cellRun) podReceivers() error {
+	err := c.b.ns.do(func() error {
+		if c.size.Proto == protoTCP {
+			l, err := tcpListener(5201)
+			c.listener = l
+			return err
+		}
+		for _, f := range c.flows {
+			fd, err := udpSocket(f.dstPort)
+			if err != nil {
+				return err
+			}
+			f.sock = fd
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", c.b.ns.name, err)
+	}
+	if c.size.Proto == protoTCP {
+		return c.handshakes(c.tap.mac)
+	}
+	return nil
+}
+
 type snapshot struct {
 	at                         time.Time
 	txFrames, txBytes, retrans uint64
 	paced, blocked, acks       uint64
 	rxPackets, rxBytes         uint64
+	qdisc                      string
 	machine                    cpuTimes
 	perCPU                     []cpuTimes
 	wU, wS, rU, rS, kU, kS     uint64
@@ -688,9 +840,7 @@ func (c *cellRun) snapshot(kthreads []int) (snapshot, error) {
 		s.blocked += f.blocked.Load()
 		s.rxPackets += f.rxPackets.Load()
 		s.rxBytes += f.rxBytes.Load()
-		if f.tcp != nil {
-			s.acks += f.tcp.acks.Load()
-		}
+		s.acks += f.acks.Load()
 		wt = append(wt, int(f.writerTID.Load()))
 		rt = append(rt, int(f.receiverTID.Load()))
 	}
@@ -701,14 +851,14 @@ func (c *cellRun) snapshot(kthreads []int) (snapshot, error) {
 	s.wU, s.wS = threadTicks(wt)
 	s.rU, s.rS = threadTicks(rt)
 	s.kU, s.kS = pidTicks(kthreads)
-	if s.net, err = c.b.ns.netstat(c.tap.name); err != nil {
+	if s.net, s.qdisc, err = c.b.ns.netstat(c.tap.name); err != nil {
 		return s, err
 	}
 	return s, nil
 }
 
 var netCounters = []string{
-	"Tap.RxPackets", "Ip.InReceives", "IpExt.InNoECTPkts", "Ip.InDiscards", "Udp.InDatagrams", "Udp.RcvbufErrors",
+	"Tap.RxPackets", "Tap.TxPackets", "Tap.TxDropped", "Qdisc.Drops", "Qdisc.Requeues", "Ip.InReceives", "IpExt.InNoECTPkts", "Ip.InDiscards", "Udp.InDatagrams", "Udp.RcvbufErrors",
 	"Udp.InErrors", "Udp.InCsumErrors", "Tcp.InSegs", "Tcp.OutSegs", "Tcp.InCsumErrors",
 	"TcpExt.TCPOFOQueue", "TcpExt.TCPRcvQDrop", "TcpExt.PruneCalled", "TcpExt.TCPZeroWindowDrop",
 }
@@ -747,6 +897,13 @@ func (c *cellRun) fill(s *Sample, a, b snapshot, kthreads int) {
 	s.Receiver = ThreadCPU{User: cores(b.rU - a.rU), Sys: cores(b.rS - a.rS)}
 	s.NAPIThreads = ThreadCPU{User: cores(b.kU - a.kU), Sys: cores(b.kS - a.kS)}
 	s.NAPIThreadN = kthreads
+	var rtts []time.Duration
+	for _, f := range c.flows {
+		rtts = append(rtts, f.rtts...)
+	}
+	slices.Sort(rtts)
+	s.P50Us, s.P99Us = percentileUs(rtts, 0.5), percentileUs(rtts, 0.99)
+	s.Qdisc = b.qdisc
 	s.derive()
 }
 
@@ -778,19 +935,9 @@ type MachineInfo struct {
 
 func machineInfo() MachineInfo {
 	m := MachineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
-	var u syscall.Utsname
-	if syscall.Uname(&u) == nil {
-		str := func(b [65]int8) string {
-			var s []byte
-			for _, c := range b {
-				if c == 0 {
-					break
-				}
-				s = append(s, byte(c))
-			}
-			return string(s)
-		}
-		m.Kernel = fmt.Sprintf("Linux %s %s", str(u.Release), str(u.Machine))
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = fmt.Sprintf("Linux %s %s", unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
 	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(raw), "\n") {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
@@ -11,10 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/inet"
@@ -35,6 +38,10 @@ func TestParseMode(t *testing.T) {
 		{in: "gro50", want: Mode{Name: "gro50", NAPI: true, GROFlushTimeout: 50000}},
 		{in: "frags", want: Mode{Name: "frags", NAPI: true, Frags: true}},
 		{in: "threaded+gro20+defer2", want: Mode{Name: "threaded+gro20+defer2", NAPI: true, Threaded: true, GROFlushTimeout: 20000, DeferHardIRQs: 2}},
+		{in: "plain+noqueue", want: Mode{Name: "plain+noqueue", Qdisc: "noqueue"}},
+		{in: "threaded+noqueue", want: Mode{Name: "threaded+noqueue", NAPI: true, Threaded: true, Qdisc: "noqueue"}},
+		{in: "noqueue", bad: true},
+		{in: "noqueue+threaded", bad: true},
 		{in: "gro", bad: true},
 		{in: "gro0", bad: true},
 		{in: "plain+napi", bad: true},
@@ -67,6 +74,12 @@ func TestParseSize(t *testing.T) {
 		{in: "udp64", want: Size{Name: "udp64", Proto: protoUDP, Payload: 64}},
 		{in: "tcp1448", want: Size{Name: "tcp1448", Proto: protoTCP, Payload: 1448}},
 		{in: "gso64k", want: Size{Name: "gso64k", Proto: protoTCP, Payload: 45 * 1448, GSO: true}},
+		{in: "h2g-udp64", want: Size{Name: "h2g-udp64", Dir: hostToGuest, Proto: protoUDP, Payload: 64}},
+		{in: "h2g-tcp", want: Size{Name: "h2g-tcp", Dir: hostToGuest, Proto: protoTCP, Payload: 1448}},
+		{in: "rr64", want: Size{Name: "rr64", Dir: roundTrip, Proto: protoUDP, Payload: 64}},
+		{in: "h2g-tcp1448", bad: true},
+		{in: "h2g-gso64k", bad: true},
+		{in: "rr2000", bad: true},
 		{in: "udp1473", bad: true},
 		{in: "tcp1449", bad: true},
 		{in: "gso2000", bad: true},
@@ -168,6 +181,51 @@ func TestTCPSegments(t *testing.T) {
 	}
 }
 
+func TestAUDPFrameParsesToItsPortAndPayload(t *testing.T) {
+	f := buildUDPFrame(tapMAC, 1000, 9000, 64, false)
+	if port, n, ok := parseUDP(f); !ok || port != 9000 || n != 64 {
+		t.Errorf("parseUDP = %d, %d, %v; want 9000, 64, true", port, n, ok)
+	}
+	if _, _, ok := parseUDP(tcpControl(tapMAC, 1, 2, 3, 4, tcpSYN, nil)); ok {
+		t.Errorf("a TCP frame parsed as UDP")
+	}
+}
+
+func TestTheGuestKeepsWhatCameBeyondAHoleAndAcksOverItOnceFilled(t *testing.T) {
+	cases := []struct {
+		name     string
+		start    uint32      // rcvNxt before
+		segs     [][2]uint32 // [seq, end) in arrival order
+		wantNxt  uint32
+		wantOFO  int
+		wantRead uint32
+	}{
+		{"in order", 0, [][2]uint32{{0, 10}, {10, 20}}, 20, 0, 20},
+		{"a hole keeps what follows", 0, [][2]uint32{{0, 10}, {20, 30}, {30, 40}}, 10, 1, 10},
+		{"filling the hole takes everything kept", 0, [][2]uint32{{0, 10}, {20, 30}, {40, 50}, {30, 40}, {10, 20}}, 50, 0, 50},
+		{"two holes, the first filled", 0, [][2]uint32{{20, 30}, {40, 50}, {0, 20}}, 30, 1, 30},
+		{"a duplicate changes nothing", 0, [][2]uint32{{0, 10}, {0, 10}}, 10, 0, 10},
+		{"across the sequence wrap", 0xfffffff0, [][2]uint32{{0xfffffff0, 0xfffffffa}, {5, 15}, {0xfffffffa, 5}}, 15, 0, 0x1f},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := &guestTCP{rcvNxt: c.start}
+			var read uint32
+			for _, s := range c.segs {
+				switch {
+				case int32(s[0]-g.rcvNxt) <= 0 && int32(s[1]-g.rcvNxt) > 0:
+					read += g.advance(s[1])
+				case int32(s[0]-g.rcvNxt) > 0:
+					g.addOFO(s[0], s[1])
+				}
+			}
+			if g.rcvNxt != c.wantNxt || len(g.ofo) != c.wantOFO || read != c.wantRead {
+				t.Errorf("rcvNxt %d, %d ranges kept (%v), %d bytes in order; want %d, %d, %d", g.rcvNxt, len(g.ofo), g.ofo, read, c.wantNxt, c.wantOFO, c.wantRead)
+			}
+		})
+	}
+}
+
 func TestParseSynAck(t *testing.T) {
 	opts := []byte{2, 4, 0x05, 0xb4, 1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 8, 1, 3, 3, 10}
 	f := tcpControl(tapMAC, 5201, 40000, 100, 201, tcpSYN|tcpACK, opts)
@@ -189,13 +247,13 @@ func TestParseSynAck(t *testing.T) {
 func TestProcParsers(t *testing.T) {
 	dev := []byte("Inter-|   Receive                            |  Transmit\n" +
 		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n" +
-		"    lo:       0       0    0    0    0     0          0         0        0       0\n" +
-		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7\n")
-	if v, ok := devRxPackets(dev, "napidp0a1b2c"); !ok || v != 8910 {
-		t.Errorf("devRxPackets = %d, %v; want 8910", v, ok)
+		"    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n" +
+		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7    0    3    0     0       0          0\n")
+	if v, ok := devCounters(dev, "napidp0a1b2c"); !ok || v[1] != 8910 || v[9] != 7 || v[11] != 3 {
+		t.Errorf("devCounters = %v, %v; want rx packets 8910, tx packets 7, tx drop 3", v, ok)
 	}
-	if _, ok := devRxPackets(dev, "napidp"); ok {
-		t.Errorf("devRxPackets matched a prefix")
+	if _, ok := devCounters(dev, "napidp"); ok {
+		t.Errorf("devCounters matched a prefix")
 	}
 	m := map[string]uint64{}
 	parseNetstat([]byte("Ip: Forwarding InReceives\nIp: 1 42\nUdp: InDatagrams RcvbufErrors\nUdp: 7 3\n"), m)
@@ -250,13 +308,13 @@ func TestReport(t *testing.T) {
 		t.Errorf("threaded ratio %+v %v, want 2.8 over 2 runs", r, ok)
 	}
 	md := tb.markdown()
-	for _, want := range []string{"**Meets both (by the median):** `gro50`", "confirmed — threaded ÷ plain 2.80x", "| napi | ", "datapath-tcp.svg"} {
+	for _, want := range []string{"**Meets both (by the median):** `gro50`", "| threaded | 420 (280–560) | 7.00 | 2.80x |", "| napi | ", "datapath-tcp.svg"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
 	for _, pr := range []proto{protoTCP, protoUDP} {
-		svg := tb.plot(pr)
+		svg := tb.plot("plot", 1, func(s Size) bool { return s.Proto == pr })
 		d := xml.NewDecoder(strings.NewReader(svg))
 		for {
 			_, err := d.Token()
@@ -278,7 +336,7 @@ func TestReport(t *testing.T) {
 func TestQuickRun(t *testing.T) {
 	nstest.RequireRoot(t)
 	opts, err := parseFlags([]string{"--duration", "200ms", "--warmup", "100ms", "--runs", "1",
-		"--modes", "plain,napi", "--sizes", "udp512,tcp1448", "--queues", "1", "--out", t.TempDir()}, io.Discard)
+		"--modes", "plain,napi+noqueue", "--sizes", "udp512,tcp1448,h2g-udp64,h2g-tcp,rr64", "--queues", "1", "--out", t.TempDir()}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +361,12 @@ func TestQuickRun(t *testing.T) {
 			if s.PPS <= 0 || s.RxBytes == 0 {
 				t.Errorf("%s %s: nothing received (%d frames written)", size.Name, mode.Name, s.TxFrames)
 			}
+			if want := map[string]string{"plain": "pfifo_fast", "napi+noqueue": "noqueue"}[mode.Name]; s.Qdisc != want {
+				t.Errorf("%s %s: root qdisc %q, want %q", size.Name, mode.Name, s.Qdisc, want)
+			}
+			if size.Dir == roundTrip && (s.P50Us <= 0 || s.P99Us < s.P50Us) {
+				t.Errorf("%s %s: round trips p50 %.1f µs, p99 %.1f µs", size.Name, mode.Name, s.P50Us, s.P99Us)
+			}
 			if gone, err := b.ns.linkGone(s.Tap); err != nil || !gone {
 				t.Errorf("%s %s: tap %s left behind (%v)", size.Name, mode.Name, s.Tap, err)
 			}
@@ -312,7 +376,7 @@ func TestQuickRun(t *testing.T) {
 	if err := writeReport(res, opts); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"datapath.md", "datapath.json", "datapath-tcp.svg", "datapath-udp.svg"} {
+	for _, f := range []string{"datapath.md", "datapath.json", "datapath-tcp.svg", "datapath-udp.svg", "datapath-h2g.svg"} {
 		if _, err := os.Stat(filepath.Join(opts.Out, f)); err != nil {
 			t.Error(err)
 		}
@@ -322,6 +386,87 @@ func TestQuickRun(t *testing.T) {
 	}
 	if _, err := os.Stat(netnsPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("netns %s left behind: %v", netnsPath, err)
+	}
+}
+
+func TestTheScaleRoundMakesOneKernelThreadPerQueueOnlyWhenThreaded(t *testing.T) {
+	nstest.RequireRoot(t)
+	opts, err := parseFlags([]string{"--sizes", "none", "--scale-taps", "3", "--scale-queues", "2", "--scale-idle", "200ms", "--runs", "1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBench(opts, testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	sc, err := b.scale(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"napi": 0, "threaded": 6}
+	for _, s := range sc.Samples {
+		if s.Threads != want[s.Mode] {
+			t.Errorf("%s: %d napi/ threads, want %d", s.Mode, s.Threads, want[s.Mode])
+		}
+	}
+	if len(sc.Samples) != 2 {
+		t.Errorf("%d samples, want one per mode", len(sc.Samples))
+	}
+	var left []string
+	err = b.ns.do(func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				left = append(left, l.Attrs().Name)
+			}
+		}
+		return err
+	})
+	if err != nil || len(left) > 0 {
+		t.Errorf("links left in the netns: %v (%v)", left, err)
+	}
+}
+
+func TestAReportMergesRunsAndComparesNoqueueWithTheSameNAPIMode(t *testing.T) {
+	g2h, _ := testResults()
+	h2g := &Results{Command: "napitap-bench datapath --sizes h2g-udp64", Runs: 2, Queues: []int{1},
+		Modes: []string{"plain", "threaded", "threaded+noqueue"}, Sizes: []string{"h2g-udp64"}}
+	rate := map[string]float64{"plain": 100, "threaded": 100, "threaded+noqueue": 120}
+	for run := 1; run <= 2; run++ {
+		for m, r := range rate {
+			h2g.Samples = append(h2g.Samples, Sample{Run: run, Mode: m, Size: "h2g-udp64", Queues: 1, PPS: r * float64(run) * 1000, Seconds: 1})
+		}
+	}
+	g2h.Modes, g2h.Sizes, g2h.Queues, g2h.Runs = []string{"plain", "napi", "threaded", "gro50"}, []string{"udp64", "tcp1448"}, []int{1}, 2
+	dir := t.TempDir()
+	var files []string
+	for i, r := range []*Results{g2h, h2g} {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.Join(dir, strconv.Itoa(i)+".json"))
+		if err := os.WriteFile(files[i], raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, opts, err := loadResults(options{FromJSON: strings.Join(files, ",")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Merged) != 1 || len(opts.Sizes) != 3 || len(opts.Modes) != 5 {
+		t.Fatalf("merged %d runs, sizes %v, modes %v; want 1 run, 3 sizes, 5 modes", len(res.Merged), opts.Sizes, opts.Modes)
+	}
+	md := newTable(res, opts).markdown()
+	for _, want := range []string{"| h2g-udp64 | threaded | 1 |  | 1.20x | yes |", "--sizes h2g-udp64", "**Meets both (by the median):** `gro50`"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
 	}
 }
 

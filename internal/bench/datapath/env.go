@@ -107,12 +107,14 @@ func (p *podNetns) linkGone(name string) (bool, error) {
 // netstat reads /proc/net/snmp and /proc/net/netstat of the netns as
 // "Group.Counter" -> value. /proc/thread-self follows the calling thread's
 // netns, /proc/self that of the main thread.
-// With tap set, "Tap.RxPackets" is the frames the tap took from its queues,
-// read from /proc/net/dev right after the others so that the counters
-// describe the same moment.
-func (p *podNetns) netstat(tap string) (map[string]uint64, error) {
-	m := map[string]uint64{}
-	err := p.do(func() error {
+// With tap set, "Tap.*" are the tap's /proc/net/dev counters (frames it
+// took from its queues, transmitted and dropped on transmit) and "Qdisc.*"
+// its root qdisc's drops and requeues, read right after the others so
+// that the counters describe the same moment; qdisc is the root qdisc's
+// kind, with its children's.
+func (p *podNetns) netstat(tap string) (m map[string]uint64, qdisc string, err error) {
+	m = map[string]uint64{}
+	err = p.do(func() error {
 		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat", "/proc/thread-self/net/dev"} {
 			raw, err := os.ReadFile(f)
 			if err != nil {
@@ -120,36 +122,82 @@ func (p *podNetns) netstat(tap string) (map[string]uint64, error) {
 			}
 			if strings.HasSuffix(f, "/dev") {
 				if tap != "" {
-					v, ok := devRxPackets(raw, tap)
+					v, ok := devCounters(raw, tap)
 					if !ok {
 						return fmt.Errorf("%s: no line for %s", f, tap)
 					}
-					m["Tap.RxPackets"] = v
+					m["Tap.RxPackets"], m["Tap.TxPackets"], m["Tap.TxDropped"] = v[1], v[9], v[11]
 				}
 				continue
 			}
 			parseNetstat(raw, m)
 		}
-		return nil
+		if tap == "" {
+			return nil
+		}
+		qdisc, err = qdiscCounters(tap, m)
+		return err
 	})
-	return m, err
+	return m, qdisc, err
 }
 
-// devRxPackets finds the receive packet count of dev in /proc/net/dev.
-func devRxPackets(raw []byte, dev string) (uint64, bool) {
+// devCounters finds the line of dev in /proc/net/dev: rx bytes, packets,
+// errs, drop, fifo, frame, compressed, multicast, then tx bytes, packets,
+// errs, drop, ...
+func devCounters(raw []byte, dev string) ([]uint64, bool) {
 	for _, l := range strings.Split(string(raw), "\n") {
 		name, rest, ok := strings.Cut(l, ":")
 		if !ok || strings.TrimSpace(name) != dev {
 			continue
 		}
-		f := strings.Fields(rest) // rx bytes, rx packets, ...
-		if len(f) < 2 {
-			return 0, false
+		f := strings.Fields(rest)
+		if len(f) < 16 {
+			return nil, false
 		}
-		v, err := strconv.ParseUint(f[1], 10, 64)
-		return v, err == nil
+		v := make([]uint64, len(f))
+		for i := range f {
+			var err error
+			if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
+				return nil, false
+			}
+		}
+		return v, true
 	}
-	return 0, false
+	return nil, false
+}
+
+// qdiscCounters adds the drops and requeues of tap's root qdisc (mq sums
+// its children's) to m and names it. It runs in the tap's netns.
+func qdiscCounters(tap string, m map[string]uint64) (string, error) {
+	link, err := netlinksafe.LinkByName(tap)
+	if err != nil {
+		return "", err
+	}
+	qs, err := netlinksafe.QdiscList(link)
+	if err != nil {
+		return "", fmt.Errorf("qdiscs of %s: %w", tap, err)
+	}
+	var root netlink.Qdisc
+	for _, q := range qs {
+		if q.Attrs().Parent == netlink.HANDLE_ROOT {
+			root = q
+		}
+	}
+	if root == nil {
+		return "", fmt.Errorf("tap %s has no root qdisc", tap)
+	}
+	kind := root.Type()
+	if st := root.Attrs().Statistics; st != nil && st.Queue != nil {
+		m["Qdisc.Drops"], m["Qdisc.Requeues"] = uint64(st.Queue.Drops), uint64(st.Queue.Requeues)
+	}
+	// mq's children hang off its handle, which is 0: match on the major.
+	major := root.Attrs().Handle & 0xffff0000
+	for _, q := range qs {
+		if par := q.Attrs().Parent; q != root && par != netlink.HANDLE_INGRESS && par&0xffff0000 == major {
+			return kind + "/" + q.Type(), nil
+		}
+	}
+	return kind, nil
 }
 
 // parseNetstat parses the pairs of "Group: names" / "Group: values" lines.
@@ -187,9 +235,10 @@ type podTap struct {
 // createTap makes a fresh tap in the pod netns, opens its queues with the
 // flags of mode, applies mode's NAPI knobs while every queue is attached
 // (DESIGN.md fact 9: threaded is only ever switched on, never off, and
-// only then), and gives it the pod address and a permanent neighbour entry
-// for the writer.
-func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock bool) (t *podTap, err error) {
+// only then), sets mode's root qdisc while it is down, and, with
+// addressed, gives it the pod address and a permanent neighbour entry for
+// the writer.
+func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addressed bool) (t *podTap, err error) {
 	flags := tapsetup.QueueFlags{MultiQueue: queues > 1, VnetHdr: true, NAPI: mode.NAPI, NAPIFrags: mode.Frags}
 	if err := tapsetup.CheckFeatures(flags); err != nil {
 		return nil, err
@@ -239,6 +288,16 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock bool) 
 		link, err := netlinksafe.LinkByName(name)
 		if err != nil {
 			return err
+		}
+		if mode.Qdisc != "" {
+			q := &netlink.GenericQdisc{QdiscType: mode.Qdisc,
+				QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.HANDLE_ROOT}}
+			if err := netlink.QdiscReplace(q); err != nil {
+				return fmt.Errorf("root qdisc %s: %w", mode.Qdisc, err)
+			}
+		}
+		if !addressed {
+			return netlink.LinkSetUp(link)
 		}
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(podIP[:]), Mask: net.CIDRMask(podPrefixLen, 32)}}
 		if err := netlink.AddrAdd(link, addr); err != nil {

@@ -3,9 +3,10 @@ package datapath
 import (
 	"encoding/json"
 	"fmt"
-	"math"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -16,14 +17,6 @@ const (
 	goalTCP = 2.0
 	goalUDP = 0.95
 )
-
-// fact8 are DESIGN.md fact 8's first prototype figures (1 queue).
-var fact8 = map[string]struct{ plain, napi, frags string }{
-	"udp64":   {"365 kpps", "280 kpps", "249 kpps"},
-	"udp512":  {"357 kpps", "298 kpps", "276 kpps"},
-	"tcp1448": {"2.72 Gbit/s", "2.05 Gbit/s (threaded: 7.57, one run)", "2.14 Gbit/s"},
-	"gso64k":  {"38-40 Gbit/s", "32.6 Gbit/s", "36.7 Gbit/s"},
-}
 
 type cellKey struct {
 	size   string
@@ -59,10 +52,10 @@ func (t *table) spread(size string, q int, mode string, f func(Sample) float64) 
 	return spreadOf(v)
 }
 
-// pairRatio is f(mode) / f(plain) in the same run, over runs.
-func (t *table) pairRatio(size string, q int, mode string, f func(Sample) float64) (Spread, bool) {
+// pairRatio is f(mode) / f(base) in the same run, over runs.
+func (t *table) pairRatio(size string, q int, mode, base string, f func(Sample) float64) (Spread, bool) {
 	plain := map[int]float64{}
-	for _, s := range t.samples[cellKey{size, q, "plain"}] {
+	for _, s := range t.samples[cellKey{size, q, base}] {
 		plain[s.Run] = f(s)
 	}
 	var v []float64
@@ -81,7 +74,27 @@ func (t *table) pairRatio(size string, q int, mode string, f func(Sample) float6
 // UDP alike compare delivered frames per second, which for a fixed frame
 // payload is the same ratio as Gbit/s.
 func (t *table) ratio(size string, q int, mode string) (Spread, bool) {
-	return t.pairRatio(size, q, mode, func(s Sample) float64 { return s.PPS })
+	return t.pairRatio(size, q, mode, "plain", func(s Sample) float64 { return s.PPS })
+}
+
+// qdiscRatio is a +noqueue mode's rate over the same NAPI mode's with the
+// kernel's qdisc, in the same run.
+func (t *table) qdiscRatio(size string, q int, mode string) (Spread, bool) {
+	base, ok := qdiscBase(mode)
+	if !ok {
+		return Spread{}, false
+	}
+	return t.pairRatio(size, q, mode, base, func(s Sample) float64 { return s.PPS })
+}
+
+// hasGroup reports whether any mode has samples of size with q queues.
+func (t *table) hasGroup(size string, q int) bool {
+	for _, m := range t.opts.Modes {
+		if t.has(size, q, m.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 func fmtSpread(s Spread, f func(float64) string) string {
@@ -112,10 +125,14 @@ func writeReport(res *Results, opts options) error {
 		return err
 	}
 	files := map[string][]byte{
-		"datapath.json":    append(raw, '\n'),
-		"datapath.md":      []byte(t.markdown()),
-		"datapath-tcp.svg": []byte(t.plot(protoTCP)),
-		"datapath-udp.svg": []byte(t.plot(protoUDP)),
+		"datapath.json": append(raw, '\n'),
+		"datapath.md":   []byte(t.markdown()),
+		"datapath-tcp.svg": []byte(t.plot("TCP throughput relative to a plain queue", goalTCP,
+			func(s Size) bool { return s.Dir == guestToHost && s.Proto == protoTCP })),
+		"datapath-udp.svg": []byte(t.plot("UDP pps relative to a plain queue", goalUDP,
+			func(s Size) bool { return s.Dir == guestToHost && s.Proto == protoUDP })),
+		"datapath-h2g.svg": []byte(t.plot("Host to guest and round trips relative to a plain queue", 0,
+			func(s Size) bool { return s.Dir != guestToHost })),
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(opts.Out, name), b, 0o644); err != nil {
@@ -131,9 +148,11 @@ func (t *table) markdown() string {
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	m := t.res.Machine
 	p("# napitap-bench datapath\n\n")
-	p("What IFF_NAPI, threaded NAPI, `gro_flush_timeout` and IFF_NAPI_FRAGS do to the data path of a VMM without vhost-net (Cloud Hypervisor, Firecracker, QEMU `vhost=off`): a writer writes each guest frame into a tap queue fd, a receiver in the pod netns reads it.\n\n")
-	if load, err := strconv.ParseFloat(strings.Fields(m.LoadAvg + " 0")[0], 64); err == nil && load > 0.25*float64(m.CPUs) {
-		p("**Provisional:** other work was running on the machine (load average %s at the start on %d CPUs); re-run on an idle machine for final numbers.\n\n", m.LoadAvg, m.CPUs)
+	p("What IFF_NAPI, threaded NAPI, `gro_flush_timeout`, IFF_NAPI_FRAGS and the tap's root qdisc do to the data path of a VMM without vhost-net (Cloud Hypervisor, Firecracker, QEMU `vhost=off`). Guest to host, a writer writes each guest frame into a tap queue fd and a receiver in the pod netns reads it; host to guest, a socket in the pod sends and the VMM reads the queue fds; round trips, the VMM answers each request from the pod at once.\n\n")
+	for _, r := range append([]Results{*t.res}, t.res.Merged...) {
+		if load, err := strconv.ParseFloat(strings.Fields(r.Machine.LoadAvg + " 0")[0], 64); err == nil && load > 0.25*float64(m.CPUs) {
+			p("**Provisional:** other work was running on the machine (load average %s at the start of `%s` on %d CPUs); re-run on an idle machine for final numbers.\n\n", r.Machine.LoadAvg, r.Command, m.CPUs)
+		}
 	}
 	p("```\n%s\n```\n\n", t.res.Command)
 	p("- Machine: %s, %s, %d CPUs, %.1f GiB", m.Kernel, m.CPU, m.CPUs, m.MemoryGiB)
@@ -148,65 +167,36 @@ func (t *table) markdown() string {
 	for _, s := range t.res.Settings {
 		p("- %s\n", s)
 	}
+	for _, r := range t.res.Merged {
+		p("- With the cells of another run (sizes %s, queues %v, modes %s; %d runs; %s to %s, load average at start %s):\n\n  ```\n  %s\n  ```\n",
+			strings.Join(r.Sizes, ", "), r.Queues, strings.Join(r.Modes, ", "), r.Runs,
+			r.Started.Format("2006-01-02 15:04 MST"), r.Finished.Format("15:04"), r.Machine.LoadAvg, r.Command)
+		for _, set := range r.Settings {
+			if !slices.Contains(t.res.Settings, set) {
+				p("  - %s\n", set)
+			}
+		}
+	}
+	if slices.ContainsFunc(t.opts.Sizes, func(s Size) bool { return s.Dir != guestToHost }) {
+		p("- host to guest: a socket in the pod sends (UDP: sendmmsg(2) of 64 datagrams, as fast as the socket takes them; TCP: write(2) of 128 KiB, the kernel's congestion control); the VMM side reads each queue fd, one reader per queue pinned like the writers (O_NONBLOCK: read(2) until EAGAIN, then poll(2)), and for TCP is the peer: SYN-ACK, an ACK every %d in-order segments or when its queue runs dry, a duplicate ACK at once for anything out of order, which it keeps as a guest's out-of-order queue does; round trips: each flow has one request outstanding, and the VMM writes the response into the queue it read the request from. The pod's socket threads are pinned like the receivers; \"writer\" CPU columns are the VMM's, \"receiver\" the pod's\n", ackEvery)
+	}
 	p("\nEvery figure is the median over runs, with the range (min–max) in brackets. \"× plain\" divides a mode's rate by the plain queue's rate of the same run, then takes the median. pps counts frames delivered to the application per second (for TCP: payload read / payload per frame); Gbit/s counts payload. CPU figures are in cores (1.00 = one CPU busy for the whole window): the machine's /proc/stat columns (everything on the machine, not only this benchmark), and user/sys of the writer threads, receiver threads and threaded-NAPI kernel threads (/proc/<pid>/task/<tid>/stat). CPU µs/frame is the CPU time of the benchmark's own threads (writers, receivers, threaded-NAPI kthreads, including softirq work run in their context) per frame delivered, with the writers' time per frame written in brackets: it holds up better than rates when other work competes for the CPUs, but misses softirq work that ran in ksoftirqd or in other tasks' context. frames/skb is the tap's rx_packets (frames written into its queues) over Ip.InReceives (skbs reaching IP) in the pod netns: above 1 when GRO merged frames.\n\n")
 
 	t.goals(&b)
-	t.fact8(&b)
+	t.qdiscGoal(&b)
+	t.scaleSection(&b)
 
 	p("## Results\n\n")
 	p("![TCP throughput relative to a plain queue](datapath-tcp.svg)\n\n")
 	p("![UDP pps relative to a plain queue](datapath-udp.svg)\n\n")
+	p("![Host to guest relative to a plain queue](datapath-h2g.svg)\n\n")
 	for _, size := range t.opts.Sizes {
 		for _, q := range t.opts.Queues {
+			if !t.hasGroup(size.Name, q) {
+				continue
+			}
 			p("### %s, %d %s\n\n", size.describe(), q, plural(q, "queue", "queues"))
-			p("| mode | rx kpps | Gbit/s | × plain | tx kpps | loss | frames/skb | CPU µs/frame (writer) | machine usr / sys / si | writer usr / sys | receiver usr / sys | NAPI kthreads | notes |\n")
-			p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-			for _, mode := range t.opts.Modes {
-				if !t.has(size.Name, q, mode.Name) {
-					continue
-				}
-				sp := func(f func(Sample) float64) Spread { return t.spread(size.Name, q, mode.Name, f) }
-				r := "–"
-				if rs, ok := t.ratio(size.Name, q, mode.Name); ok {
-					r = fmtSpread(rs, ratioStr)
-				}
-				loss := "–"
-				if size.Proto == protoUDP {
-					loss = fmtSpread(sp(func(s Sample) float64 { return 100 * s.Loss }), fixed(1)) + "%"
-				}
-				two := func(a, b func(Sample) float64) string {
-					return fmt.Sprintf("%.2f / %.2f", sp(a).Median, sp(b).Median)
-				}
-				kth := "–"
-				if sp(func(s Sample) float64 { return float64(s.NAPIThreadN) }).Median > 0 {
-					kth = fmt.Sprintf("%.0f: %s", sp(func(s Sample) float64 { return float64(s.NAPIThreadN) }).Median,
-						two(func(s Sample) float64 { return s.NAPIThreads.User }, func(s Sample) float64 { return s.NAPIThreads.Sys }))
-				}
-				p("| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s / %.2f | %s | %s | %s | %s |\n", mode.Name,
-					fmtSpread(sp(func(s Sample) float64 { return s.PPS }), kpps),
-					fmtSpread(sp(func(s Sample) float64 { return s.Gbps }), fixed(2)),
-					r,
-					fmtSpread(sp(func(s Sample) float64 { return s.TxPPS }), kpps),
-					loss,
-					fmtSpread(sp(func(s Sample) float64 { return s.FramesPerSKB }), fixed(1)),
-					fmtSpread(sp(func(s Sample) float64 { return s.CPUPerFrameUs }), fixed(2)),
-					fixed(2)(sp(func(s Sample) float64 { return s.WriterPerFrameUs }).Median),
-					two(func(s Sample) float64 { return s.Machine.User }, func(s Sample) float64 { return s.Machine.Sys }),
-					sp(func(s Sample) float64 { return s.Machine.SoftIRQ }).Median,
-					two(func(s Sample) float64 { return s.Writer.User }, func(s Sample) float64 { return s.Writer.Sys }),
-					two(func(s Sample) float64 { return s.Receiver.User }, func(s Sample) float64 { return s.Receiver.Sys }),
-					kth, t.notes(size, q, mode.Name))
-			}
-			var other []float64
-			for _, mode := range t.opts.Modes {
-				for _, smp := range t.samples[cellKey{size.Name, q, mode.Name}] {
-					other = append(other, smp.OtherCores)
-				}
-			}
-			if o := spreadOf(other); o.N > 0 {
-				p("\nOther work on the machine during these cells: %s cores.\n", fmtSpread(o, fixed(2)))
-			}
-			p("\n")
+			t.groupTable(&b, size, q)
 		}
 	}
 	p("Raw samples, per CPU splits and pod netns counters of every run: `datapath.json`.\n")
@@ -233,8 +223,11 @@ func (t *table) notes(size Size, q int, mode string) string {
 	if paced > 0 {
 		n = append(n, fmt.Sprintf("writer waited %d× for the backlog", paced))
 	}
-	if retrans > 0 {
+	switch {
+	case retrans > 0 && size.Dir == guestToHost:
 		n = append(n, fmt.Sprintf("%d go-back retransmits", retrans))
+	case retrans > 0:
+		n = append(n, fmt.Sprintf("%d segments out of order or again at the guest", retrans))
 	}
 	if rcvbuf > 0 {
 		n = append(n, fmt.Sprintf("%d socket-buffer drops", rcvbuf))
@@ -330,127 +323,203 @@ func meets(r Spread, goal float64) string {
 	return "no"
 }
 
-// fact8 confronts DESIGN.md fact 8 with this run.
-func (t *table) fact8(b *strings.Builder) {
-	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	p("## DESIGN.md fact 8 against this run\n\n")
-	p("| workload (1 queue) | fact 8: plain | fact 8: NAPI | fact 8: NAPI_FRAGS | now: plain | now: NAPI | now: NAPI_FRAGS |\n|---|---|---|---|---|---|---|\n")
-	for _, size := range t.opts.Sizes {
-		f, ok := fact8[size.Name]
-		if !ok {
-			continue
-		}
-		val := func(mode string) string {
-			if !t.has(size.Name, 1, mode) {
-				return "–"
-			}
-			if size.Proto == protoUDP {
-				return fmtSpread(t.spread(size.Name, 1, mode, func(s Sample) float64 { return s.PPS }), kpps) + " kpps"
-			}
-			return fmtSpread(t.spread(size.Name, 1, mode, func(s Sample) float64 { return s.Gbps }), fixed(2)) + " Gbit/s"
-		}
-		napi := val("napi")
-		if size.Name == "tcp1448" && t.has(size.Name, 1, "threaded") {
-			napi += " (threaded: " + val("threaded") + ")"
-		}
-		p("| %s | %s | %s | %s | %s | %s | %s |\n", size.describe(), f.plain, f.napi, f.frags, val("plain"), napi, val("frags"))
-	}
-	p("\n")
+// goalQdisc: host to guest, root qdisc noqueue against the kernel's
+// (mq/pfifo_fast), same NAPI mode, same run (the issue's goal).
+const goalQdisc = 1.0
 
-	// (a) plain NAPI costs 15-25% per packet: by rate, and by CPU per frame.
-	var rs, cs []string
-	var rates, costs []Spread
-	for _, size := range []string{"udp64", "udp512", "tcp1448"} {
-		if r, ok := t.ratio(size, 1, "napi"); ok {
-			rs = append(rs, fmt.Sprintf("%s %s", size, fmtSpread(r, ratioStr)))
-			rates = append(rates, r)
+// perSec is a netstat counter of a sample per second.
+func perSec(key string) func(Sample) float64 {
+	return func(s Sample) float64 {
+		if s.Seconds <= 0 {
+			return 0
 		}
-		if r, ok := t.pairRatio(size, 1, "napi", func(s Sample) float64 { return s.CPUPerFrameUs }); ok {
-			cs = append(cs, fmt.Sprintf("%s %s", size, fmtSpread(r, ratioStr)))
-			costs = append(costs, r)
+		return float64(s.Net[key]) / s.Seconds
+	}
+}
+
+// column is one column of a results table: its heading and its cell for
+// a mode.
+type column struct {
+	head string
+	cell func(mode string) string
+}
+
+// groupTable writes the table of one size and queue count, a row per
+// mode. Host to guest and round trips, the "writer" threads are the VMM's
+// readers and the "receiver" threads the pod's senders.
+func (t *table) groupTable(b *strings.Builder, size Size, q int) {
+	sp := func(m string, f func(Sample) float64) Spread { return t.spread(size.Name, q, m, f) }
+	val := func(head string, f func(Sample) float64, format func(float64) string, suffix string) column {
+		return column{head, func(m string) string { return fmtSpread(sp(m, f), format) + suffix }}
+	}
+	two := func(head string, a, c func(Sample) float64) column {
+		return column{head, func(m string) string { return fmt.Sprintf("%.2f / %.2f", sp(m, a).Median, sp(m, c).Median) }}
+	}
+	ratio := func(head string, f func(Sample) float64, base func(string) (string, bool)) column {
+		return column{head, func(m string) string {
+			bm, ok := base(m)
+			if r, ok2 := t.pairRatio(size.Name, q, m, bm, f); ok && ok2 {
+				return fmtSpread(r, ratioStr)
+			}
+			return "–"
+		}}
+	}
+	plain := func(string) (string, bool) { return "plain", true }
+	pps := func(s Sample) float64 { return s.PPS }
+	loss := val("loss", func(s Sample) float64 { return 100 * s.Loss }, fixed(1), "%")
+	if size.Proto == protoTCP {
+		loss = column{"loss", func(string) string { return "–" }}
+	}
+	vmm, pod := "writer", "receiver"
+	if size.Dir != guestToHost {
+		vmm, pod = "VMM", "pod"
+	}
+	cpu := []column{
+		two(vmm+" usr / sys", func(s Sample) float64 { return s.Writer.User }, func(s Sample) float64 { return s.Writer.Sys }),
+		two(pod+" usr / sys", func(s Sample) float64 { return s.Receiver.User }, func(s Sample) float64 { return s.Receiver.Sys }),
+		{"NAPI kthreads", func(m string) string {
+			if n := sp(m, func(s Sample) float64 { return float64(s.NAPIThreadN) }).Median; n > 0 {
+				return fmt.Sprintf("%.0f: %.2f / %.2f", n, sp(m, func(s Sample) float64 { return s.NAPIThreads.User }).Median, sp(m, func(s Sample) float64 { return s.NAPIThreads.Sys }).Median)
+			}
+			return "–"
+		}},
+		{"notes", func(m string) string { return t.notes(size, q, m) }},
+	}
+	qdisc := column{"root qdisc", func(m string) string {
+		kinds := map[string]bool{}
+		for _, s := range t.samples[cellKey{size.Name, q, m}] {
+			kinds[s.Qdisc] = true
+		}
+		return strings.Join(slices.Sorted(maps.Keys(kinds)), ", ")
+	}}
+	var cols []column
+	switch size.Dir {
+	case guestToHost:
+		cols = []column{val("rx kpps", pps, kpps, ""), val("Gbit/s", func(s Sample) float64 { return s.Gbps }, fixed(2), ""),
+			ratio("× plain", pps, plain), val("tx kpps", func(s Sample) float64 { return s.TxPPS }, kpps, ""), loss,
+			val("frames/skb", func(s Sample) float64 { return s.FramesPerSKB }, fixed(1), ""),
+			{"CPU µs/frame (writer)", func(m string) string {
+				return fmtSpread(sp(m, func(s Sample) float64 { return s.CPUPerFrameUs }), fixed(2)) +
+					fmt.Sprintf(" (%.2f)", sp(m, func(s Sample) float64 { return s.WriterPerFrameUs }).Median)
+			}},
+			{"machine usr / sys / si", func(m string) string {
+				return fmt.Sprintf("%.2f / %.2f / %.2f", sp(m, func(s Sample) float64 { return s.Machine.User }).Median,
+					sp(m, func(s Sample) float64 { return s.Machine.Sys }).Median, sp(m, func(s Sample) float64 { return s.Machine.SoftIRQ }).Median)
+			}}}
+	case hostToGuest:
+		cols = []column{qdisc, val("VMM read kpps", pps, kpps, ""), val("Gbit/s", func(s Sample) float64 { return s.Gbps }, fixed(2), ""),
+			ratio("× plain", pps, plain), ratio("× kernel's qdisc", pps, qdiscBase),
+			val("pod sent kpps", func(s Sample) float64 { return s.TxPPS }, kpps, ""), loss,
+			val("tap tx drops/s", perSec("Tap.TxDropped"), fixed(0), ""), val("qdisc drops/s", perSec("Qdisc.Drops"), fixed(0), ""),
+			val("CPU µs/frame", func(s Sample) float64 { return s.CPUPerFrameUs }, fixed(2), "")}
+	case roundTrip:
+		p50, p99 := func(s Sample) float64 { return s.P50Us }, func(s Sample) float64 { return s.P99Us }
+		cols = []column{qdisc, val("round trips/s", pps, fixed(0), ""), val("p50 µs", p50, fixed(1), ""), val("p99 µs", p99, fixed(1), ""),
+			ratio("p50 × plain", p50, plain), ratio("p99 × plain", p99, plain), loss}
+	}
+	cols = append(append([]column{{"mode", func(m string) string { return m }}}, cols...), cpu...)
+	for i, c := range cols {
+		fmt.Fprintf(b, "| %s ", c.head)
+		if i == len(cols)-1 {
+			fmt.Fprintf(b, "|\n%s|\n", strings.Repeat("|---", len(cols)))
 		}
 	}
-	if len(rates) > 0 {
-		p("- *\"Plain NAPI costs 15-25%% per packet\"*. By rate (NAPI ÷ plain, the claim is 0.75-0.85): %s — %s. ",
-			judge(rates, 0.75, 0.85, 0.05, "no per-packet cost", "a larger cost", "a smaller cost"), strings.Join(rs, ", "))
-		if len(costs) > 0 {
-			p("By CPU time per delivered frame (NAPI ÷ plain, the claim is 1.18-1.33): %s — %s.",
-				judge(costs, 1/0.85, 1/0.75, 0.08, "no extra cost", "a larger cost", "a smaller cost"), strings.Join(cs, ", "))
-		}
-		p("\n")
-	}
-	// (b) threaded NAPI ~2.8x for one TCP stream.
-	if r, ok := t.ratio("tcp1448", 1, "threaded"); ok {
-		p("- *\"Threaded NAPI ~2.8x for one TCP stream\"* (7.57 ÷ 2.72, one run): %s — threaded ÷ plain %s over %d runs.\n",
-			judge([]Spread{r}, 2.3, 3.3, 0, "no gain", "a larger gain", "a smaller gain"), fmtSpread(r, ratioStr), r.N)
-	}
-	// (c) gro_flush_timeout lets GRO merge.
-	var merges []string
-	allMerge, anyGRO := true, false
+	var other []float64
 	for _, mode := range t.opts.Modes {
-		if mode.GROFlushTimeout == 0 || mode.Threaded || mode.Frags || !t.has("tcp1448", 1, mode.Name) {
+		if !t.has(size.Name, q, mode.Name) {
 			continue
 		}
-		anyGRO = true
-		sp := t.spread("tcp1448", 1, mode.Name, func(s Sample) float64 { return s.FramesPerSKB })
-		r, _ := t.ratio("tcp1448", 1, mode.Name)
-		merges = append(merges, fmt.Sprintf("`%s` %s frames/skb (%s plain)", mode.Name, fmtSpread(sp, fixed(1)), ratioStr(r.Median)))
-		if sp.Median < 1.5 {
-			allMerge = false
+		for _, c := range cols {
+			fmt.Fprintf(b, "| %s ", c.cell(mode.Name))
+		}
+		b.WriteString("|\n")
+		for _, smp := range t.samples[cellKey{size.Name, q, mode.Name}] {
+			other = append(other, smp.OtherCores)
 		}
 	}
-	if anyGRO {
-		base := ""
-		if t.has("tcp1448", 1, "napi") {
-			base = fmt.Sprintf("; `napi` alone: %s frames/skb", fmtSpread(t.spread("tcp1448", 1, "napi", func(s Sample) float64 { return s.FramesPerSKB }), fixed(1)))
-		}
-		verdict := "confirmed"
-		if !allMerge {
-			verdict = "not confirmed for every timeout"
-		}
-		p("- *\"gro_flush_timeout lets GRO merge\"*: %s — TCP 1448 B, 1 stream: %s%s.\n", verdict, strings.Join(merges, ", "), base)
+	if o := spreadOf(other); o.N > 0 {
+		fmt.Fprintf(b, "\nOther work on the machine during these cells: %s cores.\n", fmtSpread(o, fixed(2)))
 	}
-	if r, ok := t.ratio("gso64k", 1, "napi"); ok {
-		p("- 64 KB GSO frames: NAPI ÷ plain %s (fact 8: 32.6 ÷ 38-40 = 0.82-0.86).\n", fmtSpread(r, ratioStr))
+	b.WriteString("\n")
+}
+
+// qdiscGoal confronts the host-to-guest cells with the qdisc goal.
+func (t *table) qdiscGoal(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	var rows []string
+	for _, size := range t.opts.Sizes {
+		if size.Dir != hostToGuest {
+			continue
+		}
+		for _, q := range t.opts.Queues {
+			for _, mode := range t.opts.Modes {
+				r, ok := t.qdiscRatio(size.Name, q, mode.Name)
+				if !ok {
+					continue
+				}
+				base, _ := qdiscBase(mode.Name)
+				var kind string
+				for _, s := range t.samples[cellKey{size.Name, q, base}] {
+					kind = s.Qdisc
+				}
+				rows = append(rows, fmt.Sprintf("| %s | %s | %d | %s | %s | %s |", size.Name, base, q, kind, fmtSpread(r, ratioStr), meets(r, goalQdisc)))
+			}
+		}
 	}
-	if r, ok := t.ratio("tcp1448", 1, "frags"); ok {
-		sp := t.spread("tcp1448", 1, "frags", func(s Sample) float64 { return s.FramesPerSKB })
-		p("- NAPI_FRAGS, TCP 1448 B: %s plain, %s frames/skb (fact 11: never merged in GRO in earlier tests).\n", fmtSpread(r, ratioStr), fmtSpread(sp, fixed(1)))
+	if len(rows) == 0 {
+		return
+	}
+	p("## Host to guest: root qdisc noqueue against the kernel's\n\n")
+	p("Wanted: with root qdisc `noqueue`, the rate the VMM reads at least %.1fx that with the kernel's qdisc (mq over pfifo_fast on a multiqueue tap, pfifo_fast on a single-queue one), same NAPI mode, same run. Where the drops happen: the tables below.\n\n", goalQdisc)
+	p("| workload | NAPI mode | queues | kernel's qdisc | noqueue ÷ kernel's | goal |\n|---|---|---|---|---|---|\n")
+	p("%s\n\n", strings.Join(rows, "\n"))
+}
+
+// scaleSection reports threaded NAPI at scale: idle taps' memory and
+// wakeups, and the cells with more flows (queues) than CPUs.
+func (t *table) scaleSection(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	sc := t.res.Scale
+	if sc == nil {
+		return
+	}
+	p("## Threaded NAPI at scale\n\n")
+	p("%d taps of %d queues at once, up, root qdisc noqueue, no traffic: NAPI against threaded NAPI, %d rounds, modes alternated. Memory is what /proc/meminfo gained once the taps were made (machine-wide: other work on the machine shows too); the threads' runs are how often the taps' napi/ kernel threads were put on a CPU in %.0f s of idle (schedstat).\n\n",
+		sc.Taps, sc.Queues, len(sc.Samples)/2, sc.IdleSeconds)
+	p("| mode | napi/ threads | Slab | SUnreclaim | KernelStack | per queue (Slab + KernelStack) | thread runs/s | thread CPU | make all taps |\n|---|---|---|---|---|---|---|---|---|\n")
+	med := map[string]float64{}
+	for _, mode := range []string{"napi", "threaded"} {
+		var ss []ScaleSample
+		for _, s := range sc.Samples {
+			if s.Mode == mode {
+				ss = append(ss, s)
+			}
+		}
+		if len(ss) == 0 {
+			continue
+		}
+		sp := func(f func(ScaleSample) float64) Spread {
+			var v []float64
+			for _, s := range ss {
+				v = append(v, f(s))
+			}
+			return spreadOf(v)
+		}
+		mib := func(kib int64) float64 { return float64(kib) / 1024 }
+		perQ := sp(func(s ScaleSample) float64 { return float64(s.SlabKiB+s.KernelStackKiB) / float64(sc.Taps*sc.Queues) })
+		med[mode] = perQ.Median
+		p("| %s | %s | %s MiB | %s MiB | %s MiB | %s KiB | %s | %s ms | %s s |\n", mode,
+			fmtSpread(sp(func(s ScaleSample) float64 { return float64(s.Threads) }), fixed(0)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.SlabKiB) }), fixed(1)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.SUnreclaimKiB) }), fixed(1)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return mib(s.KernelStackKiB) }), fixed(1)),
+			fmtSpread(perQ, fixed(1)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return s.ThreadRunsPerSec }), fixed(2)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return s.ThreadCPUms }), fixed(1)),
+			fmtSpread(sp(func(s ScaleSample) float64 { return s.CreateSeconds }), fixed(1)))
+	}
+	if n, th := med["napi"], med["threaded"]; n > 0 && th > 0 {
+		p("\nA NAPI kernel thread costs about %.0f KiB (the medians' difference per queue); %d of them about %.1f MiB.\n", th-n, sc.Taps*sc.Queues, (th-n)*float64(sc.Taps*sc.Queues)/1024)
 	}
 	p("\n")
-}
-
-// judge compares measured ratios with a claimed range [lo, hi]. slack
-// widens the range for "confirmed". Runs that disagree by more than 1.5x
-// make it inconclusive. none is what a ratio of 1 means.
-func judge(rs []Spread, lo, hi, slack float64, none, larger, smaller string) string {
-	var meds []float64
-	for _, r := range rs {
-		if r.N > 1 && r.Min > 0 && r.Max/r.Min > 1.5 {
-			return "inconclusive: the runs disagree by more than 1.5x (re-run on an idle machine)"
-		}
-		meds = append(meds, r.Median)
-	}
-	mlo, mhi := minMax(meds)
-	// Claims above 1 grow with cost or gain, claims below 1 shrink.
-	up := lo > 1
-	switch {
-	case mlo >= lo-slack && mhi <= hi+slack:
-		return "confirmed"
-	case math.Abs(mlo-1) < 0.05 && math.Abs(mhi-1) < 0.05:
-		return "refuted: " + none
-	case (up && mlo > hi+slack) || (!up && mhi < lo-slack):
-		return "refuted in size: " + larger
-	case (up && mhi < lo-slack) || (!up && mlo > hi+slack):
-		return "refuted in size: " + smaller
-	}
-	return "partly confirmed (the workloads disagree)"
-}
-
-func minMax(v []float64) (lo, hi float64) {
-	lo, hi = math.Inf(1), math.Inf(-1)
-	for _, x := range v {
-		lo, hi = math.Min(lo, x), math.Max(hi, x)
-	}
-	return lo, hi
 }

@@ -112,25 +112,18 @@ func taskTimes(path string) (utime, stime uint64, err error) {
 
 // threadTicks sums utime and stime of the given threads of this process.
 func threadTicks(tids []int) (u, s uint64) {
-	pid := os.Getpid()
-	for _, tid := range tids {
-		if tid <= 0 {
-			continue
-		}
-		ut, st, err := taskTimes(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-		if err == nil {
-			u += ut
-			s += st
-		}
-	}
-	return u, s
+	return ticks(fmt.Sprintf("/proc/%d/task/%%d/stat", os.Getpid()), tids)
 }
 
 // pidTicks sums utime and stime of the given processes (kernel threads).
-func pidTicks(pids []int) (u, s uint64) {
-	for _, pid := range pids {
-		ut, st, err := taskTimes(fmt.Sprintf("/proc/%d/stat", pid))
-		if err == nil {
+func pidTicks(pids []int) (u, s uint64) { return ticks("/proc/%d/stat", pids) }
+
+func ticks(pathFormat string, ids []int) (u, s uint64) {
+	for _, id := range ids {
+		if id <= 0 {
+			continue
+		}
+		if ut, st, err := taskTimes(fmt.Sprintf(pathFormat, id)); err == nil {
 			u += ut
 			s += st
 		}

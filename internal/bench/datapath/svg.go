@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -21,37 +22,45 @@ type plotGroup struct {
 	bars       []plotBar
 }
 
-// plot draws, for every size of proto and every queue count, one bar per
-// mode: its rate relative to plain in the same run (median, whiskers
-// min–max), with the goal as a line.
-func (t *table) plot(pr proto) string {
-	goal, unit, title := goalUDP, "kpps", "UDP pps relative to a plain queue"
-	if pr == protoTCP {
-		goal, unit, title = goalTCP, "Gbit/s", "TCP throughput relative to a plain queue"
+// plot draws, for every size keep selects and every queue count, one bar
+// per mode measured there: its rate (round trips per second for rr)
+// relative to plain in the same run (median, whiskers min–max), with the
+// goal as a line when there is one.
+func (t *table) plot(title string, goal float64, keep func(Size) bool) string {
+	var modes []string
+	for _, m := range t.opts.Modes {
+		for _, size := range t.opts.Sizes {
+			for _, q := range t.opts.Queues {
+				if keep(size) && t.has(size.Name, q, m.Name) && !slices.Contains(modes, m.Name) {
+					modes = append(modes, m.Name)
+				}
+			}
+		}
 	}
 	var groups []plotGroup
 	for _, size := range t.opts.Sizes {
-		if size.Proto != pr {
-			continue
-		}
 		for _, q := range t.opts.Queues {
-			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
-			if t.has(size.Name, q, "plain") {
-				if pr == protoTCP {
-					g.sub = fmt.Sprintf("plain %.2f %s", t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.Gbps }).Median, unit)
-				} else {
-					g.sub = fmt.Sprintf("plain %s %s", kpps(t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.PPS }).Median), unit)
-				}
+			if !keep(size) || !t.hasGroup(size.Name, q) {
+				continue
 			}
-			for _, m := range t.opts.Modes {
-				r, ok := t.ratio(size.Name, q, m.Name)
-				g.bars = append(g.bars, plotBar{mode: m.Name, med: r.Median, min: r.Min, max: r.Max, ok: ok})
+			g := plotGroup{label: fmt.Sprintf("%s, %d %s", size.Name, q, plural(q, "queue", "queues"))}
+			if size.Proto == protoTCP {
+				g.sub = fmt.Sprintf("plain %.2f Gbit/s", t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.Gbps }).Median)
+			} else {
+				g.sub = fmt.Sprintf("plain %s kpps", kpps(t.spread(size.Name, q, "plain", func(s Sample) float64 { return s.PPS }).Median))
+			}
+			for _, m := range modes {
+				r, ok := t.ratio(size.Name, q, m)
+				g.bars = append(g.bars, plotBar{mode: m, med: r.Median, min: r.Min, max: r.Max, ok: ok})
 			}
 			groups = append(groups, g)
 		}
 	}
-	sub := fmt.Sprintf("median of %d runs, whiskers min–max; dashed: plain (1.0), red: goal %.2gx", t.opts.Runs, goal)
-	return barChart(title, sub, groups, modeNames(t.opts.Modes), goal)
+	sub := fmt.Sprintf("median of %d runs, whiskers min–max; dashed: plain (1.0)", t.opts.Runs)
+	if goal > 0 {
+		sub += fmt.Sprintf(", red: goal %.2gx", goal)
+	}
+	return barChart(title, sub, groups, modes, goal)
 }
 
 func modeNames(ms []Mode) []string {
@@ -127,8 +136,10 @@ func barChart(title, subtitle string, groups []plotGroup, modes []string, goal f
 	}
 	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, plotRight, y(0), y(0))
 	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#333" stroke-dasharray="5 4"/>`+"\n", left, plotRight, y(1), y(1))
-	p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#d62728" stroke-dasharray="2 3"/>`+"\n", left, plotRight, y(goal), y(goal))
-	p(`<text x="%d" y="%.1f" fill="#d62728">goal %.2gx</text>`+"\n", plotRight+4, y(goal)+4, goal)
+	if goal > 0 {
+		p(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#d62728" stroke-dasharray="2 3"/>`+"\n", left, plotRight, y(goal), y(goal))
+		p(`<text x="%d" y="%.1f" fill="#d62728">goal %.2gx</text>`+"\n", plotRight+4, y(goal)+4, goal)
+	}
 	for i, m := range modes {
 		ly := top + 10 + i*18
 		p(`<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`+"\n", plotRight+60, ly-10, color(i))

@@ -53,12 +53,17 @@ type flow struct {
 	idx              int
 	queueFD          int
 	srcPort, dstPort uint16
-	sock             int // UDP socket, or the accepted TCP connection
-	tcp              *tcpState
+	sock             int       // the pod's socket: UDP, accepted or connected TCP
+	tcp              *tcpState // guest to host: the VMM writes the stream
+	guest            *guestTCP // host to guest: the VMM receives the stream
+	response         []byte    // round trips: the VMM's answer
+	rtts             []time.Duration
 
-	txFrames, txBytes, retrans, paced, blocked counter
-	rxPackets, rxBytes                         counter
-	writerTID, receiverTID                     atomic.Int32
+	txFrames, txBytes, retrans, paced, blocked, acks counter
+	rxPackets, rxBytes                               counter
+	// writerTID is the VMM side's thread, receiverTID the pod side's,
+	// whichever way the traffic goes.
+	writerTID, receiverTID atomic.Int32
 }
 
 func packEdge(una, right uint32) uint64 { return uint64(una)<<32 | uint64(right) }
@@ -81,7 +86,6 @@ type tcpState struct {
 	lastAdvance atomic.Int64 // ns since the cell started
 	dupAcks     atomic.Int32
 	goBack      atomic.Bool
-	acks        atomic.Uint64
 }
 
 // cellRun is everything one measurement cell runs.
@@ -96,7 +100,10 @@ type cellRun struct {
 	partial  bool
 	blocking bool
 
+	// stopWriters stops the side that sends (the VMM's writers, or the
+	// pod's senders), stopReceivers the other, once the senders stopped.
 	stopWriters, stopReceivers atomic.Bool
+	measuring                  atomic.Bool // round trips are recorded
 	wg                         sync.WaitGroup
 	errMu                      sync.Mutex
 	errs                       []error
@@ -270,7 +277,7 @@ func (c *cellRun) ingest(frame []byte) {
 	if !st.synAckSeen {
 		return
 	}
-	st.acks.Add(1)
+	f.acks.Add(1)
 	if t.hasTS {
 		st.tsecr.Store(t.tsval)
 	}
@@ -344,7 +351,7 @@ func (c *cellRun) handshakes(dstMAC net.HardwareAddr) error {
 				return fmt.Errorf("flow %d: no SYN-ACK from %d within 3s", f.idx, f.dstPort)
 			}
 			if time.Since(synAt) > 500*time.Millisecond {
-				syn := tcpControl(dstMAC, f.srcPort, f.dstPort, st.iss, 0, tcpSYN, synOptions(c.tsval()))
+				syn := tcpControl(dstMAC, f.srcPort, f.dstPort, st.iss, 0, tcpSYN, synOptions(c.tsval(), 0))
 				if _, err := unix.Write(f.queueFD, syn); err != nil {
 					return fmt.Errorf("flow %d: write SYN: %w", f.idx, err)
 				}
@@ -598,6 +605,9 @@ func writeFrame(fd int, frame []byte, pfdOut []unix.PollFd) (bool, error) {
 	case err == nil:
 		return true, nil
 	case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOBUFS):
+		if pfdOut == nil {
+			pfdOut = []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		}
 		_, _ = unix.Poll(pfdOut, 1)
 		return false, nil
 	case errors.Is(err, unix.EINTR):

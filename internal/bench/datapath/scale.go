@@ -1,0 +1,159 @@
+package datapath
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Threaded NAPI at scale: a node with 110 VM pods of 4 queues has 440 NAPI
+// kernel threads. scale makes that many idle taps at once, with NAPI and
+// with threaded NAPI in turn, and measures what they hold (/proc/meminfo)
+// and how often their kernel threads run while nothing flows. Threaded is
+// switched on while every queue is attached and never off: the taps are
+// deleted (DESIGN.md fact 9). Their root qdisc is noqueue, so that the
+// memory is the taps' and their threads', not 256 pfifo_fast rings
+// (DESIGN.md fact 15).
+
+// ScaleResults are the rounds of one scale measurement.
+type ScaleResults struct {
+	Taps        int           `json:"taps"`
+	Queues      int           `json:"queues"`
+	IdleSeconds float64       `json:"idle_seconds"`
+	Samples     []ScaleSample `json:"samples"`
+}
+
+// ScaleSample is one round of one mode.
+type ScaleSample struct {
+	Round   int    `json:"round"`
+	Mode    string `json:"mode"`
+	Threads int    `json:"napi_threads"`
+	// What /proc/meminfo gained once the taps were made, in KiB.
+	SlabKiB        int64 `json:"slab_kib"`
+	SUnreclaimKiB  int64 `json:"sunreclaim_kib"`
+	KernelStackKiB int64 `json:"kernel_stack_kib"`
+	// Over the idle window: how often per second the taps' napi/ threads
+	// were put on a CPU (schedstat's third field), and their CPU time.
+	ThreadRunsPerSec float64 `json:"thread_runs_per_sec"`
+	ThreadCPUms      float64 `json:"thread_cpu_ms"`
+	CreateSeconds    float64 `json:"create_seconds"`
+}
+
+func (b *bench) scale(ctx context.Context) (*ScaleResults, error) {
+	o := b.opts
+	res := &ScaleResults{Taps: o.ScaleTaps, Queues: o.ScaleQueues, IdleSeconds: o.ScaleIdle.Seconds()}
+	modes := []Mode{{Name: "napi", NAPI: true, Qdisc: "noqueue"}, {Name: "threaded", NAPI: true, Threaded: true, Qdisc: "noqueue"}}
+	fmt.Fprintf(b.log, "scale: %d taps x %d queues, %d rounds, %s idle\n", o.ScaleTaps, o.ScaleQueues, o.Runs, o.ScaleIdle)
+	for r := 1; r <= o.Runs; r++ {
+		for i := range modes {
+			m := modes[(i+r-1)%len(modes)]
+			s, err := b.scaleRound(ctx, r, m)
+			if err != nil {
+				return res, fmt.Errorf("round %d, %s: %w", r, m.Name, err)
+			}
+			res.Samples = append(res.Samples, s)
+			fmt.Fprintf(b.log, "  round %d %-8s %3d threads  slab %+7d KiB  kernel stack %+6d KiB  thread runs %.1f/s\n",
+				r, m.Name, s.Threads, s.SlabKiB, s.KernelStackKiB, s.ThreadRunsPerSec)
+		}
+	}
+	return res, nil
+}
+
+func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSample, err error) {
+	s = ScaleSample{Round: round, Mode: mode.Name}
+	prefix := "nsc" + randomSuffix()
+	sleep := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	if err := sleep(time.Second); err != nil { // let the last round's frees settle
+		return s, err
+	}
+	m0, err := meminfo()
+	if err != nil {
+		return s, err
+	}
+	var taps []*podTap
+	defer func() {
+		for _, t := range taps {
+			if derr := t.destroy(); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
+	}()
+	start := time.Now()
+	for i := range b.opts.ScaleTaps {
+		t, err := b.ns.createTap(fmt.Sprintf("%s%03d", prefix, i), mode, b.opts.ScaleQueues, true, false)
+		if err != nil {
+			return s, err
+		}
+		taps = append(taps, t)
+		if ctx.Err() != nil {
+			return s, ctx.Err()
+		}
+	}
+	s.CreateSeconds = time.Since(start).Seconds()
+	if err := sleep(time.Second); err != nil {
+		return s, err
+	}
+	m1, err := meminfo()
+	if err != nil {
+		return s, err
+	}
+	s.SlabKiB, s.SUnreclaimKiB, s.KernelStackKiB = m1["Slab"]-m0["Slab"], m1["SUnreclaim"]-m0["SUnreclaim"], m1["KernelStack"]-m0["KernelStack"]
+
+	threads := napiThreads(prefix)
+	s.Threads = len(threads)
+	runs0, cpu0 := schedstats(threads)
+	t0 := time.Now()
+	if err := sleep(b.opts.ScaleIdle); err != nil {
+		return s, err
+	}
+	runs1, cpu1 := schedstats(threads)
+	s.ThreadRunsPerSec = float64(runs1-runs0) / time.Since(t0).Seconds()
+	s.ThreadCPUms = float64(cpu1-cpu0) / 1e6
+	return s, nil
+}
+
+// meminfo reads /proc/meminfo in KiB.
+func meminfo() (map[string]int64, error) {
+	raw, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]int64{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if f := strings.Fields(v); ok && len(f) > 0 {
+			m[k], _ = strconv.ParseInt(f[0], 10, 64)
+		}
+	}
+	return m, nil
+}
+
+// schedstats sums, over the given threads, how often each was put on a
+// CPU and its run time in ns (/proc/<pid>/schedstat: run time, wait time,
+// timeslices). Threads gone meanwhile count nothing.
+func schedstats(pids []int) (runs, cpuNs uint64) {
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+		if f := strings.Fields(string(raw)); err == nil && len(f) == 3 {
+			ns, _ := strconv.ParseUint(f[0], 10, 64)
+			n, _ := strconv.ParseUint(f[2], 10, 64)
+			runs += n
+			cpuNs += ns
+		}
+	}
+	return runs, cpuNs
+}
