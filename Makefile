@@ -124,6 +124,7 @@ bench: build tools
 		--runs 3 --scale-taps 110 --out $(BIN)/bench/scale
 	$(GO) run ./cmd/napitap-bench datapath --out docs/bench \
 		--from-json $(BIN)/bench/g2h/datapath.json,$(BIN)/bench/h2g/datapath.json,$(BIN)/bench/scale/datapath.json
+	$(GO) test -run '^$$' -bench TUNSETIFF -benchtime 2000x ./pkg/seccompagent/
 
 clean:
 	rm -rf $(BIN)
