@@ -41,24 +41,29 @@ func ApplyNAPIKnobs(netnsPath, name string, knobs NAPIKnobs) error {
 		return nil
 	}
 	return inNetnsSysfs(netnsPath, func(sys string) error {
-		dir := filepath.Join(sys, "class/net", name)
-		if knobs.GROFlushTimeout != nil {
-			if err := writeAttr(dir, "gro_flush_timeout", strconv.FormatUint(*knobs.GROFlushTimeout, 10)); err != nil {
-				return err
-			}
-		}
-		if knobs.DeferHardIRQs != nil {
-			if err := writeAttr(dir, "napi_defer_hard_irqs", strconv.FormatUint(uint64(*knobs.DeferHardIRQs), 10)); err != nil {
-				return err
-			}
-		}
-		if knobs.Threaded {
-			if err := writeAttr(dir, "threaded", "1"); err != nil {
-				return err
-			}
-		}
-		return nil
+		return applyNAPIKnobsIn(filepath.Join(sys, "class/net", name), knobs)
 	})
+}
+
+// applyNAPIKnobsIn writes knobs into dir, a /sys/class/net/<tap> directory;
+// threaded last, and only ever 1.
+func applyNAPIKnobsIn(dir string, knobs NAPIKnobs) error {
+	if knobs.GROFlushTimeout != nil {
+		if err := writeAttr(dir, "gro_flush_timeout", strconv.FormatUint(*knobs.GROFlushTimeout, 10)); err != nil {
+			return err
+		}
+	}
+	if knobs.DeferHardIRQs != nil {
+		if err := writeAttr(dir, "napi_defer_hard_irqs", strconv.FormatUint(uint64(*knobs.DeferHardIRQs), 10)); err != nil {
+			return err
+		}
+	}
+	if knobs.Threaded {
+		if err := writeAttr(dir, "threaded", "1"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ReadSysfs reads the sysfs attributes of tap name in the netns at netnsPath.
@@ -126,11 +131,59 @@ func writeAttr(dir, attr, value string) error {
 	return nil
 }
 
-// inNetnsSysfs runs fn with the path of a sysfs mounted from inside the
-// netns at netnsPath. /sys shows the devices of the netns that mounted it,
-// so the tap's attributes need a sysfs of the pod's own. The mount lives in
-// a private mount namespace of a thread that exits afterwards.
+// inNetnsSysfs runs fn with the path of a sysfs of the netns at netnsPath.
+// /sys shows the devices of the netns that mounted it, so the tap's
+// attributes need a sysfs of the pod's own. Where the kernel has the mount
+// API (fsopen, Linux 5.2+) that sysfs is a detached mount, made from the pod
+// netns and attached nowhere; elsewhere, or where fsopen is refused (a
+// seccomp profile, say), a private mount namespace gets it on /sys.
+// netlink cannot stand in: tun adds its NAPIs with netif_napi_add_tx, which
+// gives them no NAPI ID, so the netdev family's napi-get never lists them
+// and napi-set cannot name them (napi-set would also set one NAPI, and not
+// the device's defaults that the queues a runtime attaches later inherit).
 func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
+	err := withNetNS(netnsPath, func() error { return detachedSysfs(fn) })
+	if errors.Is(err, errNoMountAPI) {
+		err = mountedSysfs(netnsPath, fn)
+	}
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+// errNoMountAPI marks a kernel, or a seccomp profile, without fsopen,
+// fsconfig or fsmount for sysfs: what makes inNetnsSysfs fall back.
+var errNoMountAPI = errors.New("no detached sysfs mount")
+
+// fsopen is unix.Fsopen; tests play older kernels and seccomp profiles
+// with it.
+var fsopen = unix.Fsopen
+
+// detachedSysfs runs fn with a sysfs of the calling thread's netns, mounted
+// nowhere: fsmount gives a file descriptor of the mount, reached through
+// /proc/self/fd, and closing it unmounts it. Nothing is unshared and no path
+// changes, so the thread needs no namespaces of its own.
+func detachedSysfs(fn func(sys string) error) error {
+	fsfd, err := fsopen("sysfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("%w: fsopen sysfs: %w", errNoMountAPI, err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("%w: fsconfig sysfs: %w", errNoMountAPI, err)
+	}
+	mnt, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return fmt.Errorf("%w: fsmount sysfs: %w", errNoMountAPI, err)
+	}
+	defer unix.Close(mnt)
+	return fn("/proc/self/fd/" + strconv.Itoa(mnt))
+}
+
+// mountedSysfs runs fn with /sys mounted from inside the netns at
+// netnsPath, in a private mount namespace of a thread that exits afterwards.
+func mountedSysfs(netnsPath string, fn func(sys string) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the Go runtime ends this thread with the goroutine.
@@ -164,10 +217,7 @@ func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
 			return fn("/sys")
 		}()
 	}()
-	if err := <-errc; err != nil {
-		return fmt.Errorf("netns %s: %w", netnsPath, err)
-	}
-	return nil
+	return <-errc
 }
 
 // saveNamespaces returns a func that puts the calling thread back into its
