@@ -100,7 +100,7 @@ func (b *bench) burst(ctx context.Context, kind burstKind, pods []*netNS) BurstR
 		reqs := make([]launch.Req, n)
 		for i := range n {
 			invs[i] = invocation{Plugin: kind.plugin, Command: command, ContainerID: prefix + fmt.Sprint(i), Netns: pods[i].Path(), IfName: "tap0", Conf: kind.conf}
-			reqs[i] = b.request(invs[i], nil)
+			reqs[i] = b.request(invs[i])
 		}
 		runs := make([]run, n)
 		res, err := b.launcher.batch(reqs)

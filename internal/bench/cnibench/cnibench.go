@@ -51,7 +51,6 @@ type options struct {
 	settle             time.Duration
 	bursts             []int
 	out, bin           string
-	strace             bool
 	args               []string
 }
 
@@ -64,7 +63,6 @@ func parseFlags(args []string) (*options, error) {
 	bursts := fs.String("bursts", "1,50,200,500", "pods per concurrent burst, comma-separated (empty: no bursts)")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for cni.md and cni-latency.svg")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(binaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
-	fs.BoolVar(&o.strace, "strace", false, "afterwards, trace one ADD and DEL of (a), (b4) and (d) with strace -f --seccomp-bpf -tt -T (napitapd too, for d); traces and summaries go to --out")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench cni [flags]   (as root)\n\n"+
 			"ADD/DEL latency and peak RSS: (a) reference tap plugin, (b) napitap 1 plain queue, (b4) napitap 4 NAPI queues,\n"+
@@ -241,9 +239,6 @@ func (b *bench) run(ctx context.Context) error {
 			rep.BurstRSSFloor = b.launcherHWM()
 		}
 	}
-	if loopErr == nil && b.opt.strace {
-		rep.Profiles, loopErr = b.profile(ctx, variants)
-	}
 
 	if loopErr != nil {
 		rep.Incomplete = loopErr.Error()
@@ -372,13 +367,12 @@ type invocation struct {
 
 // exec runs one plugin through the launcher, from the host netns, as
 // libcni's invoke.RawExec does: CNI_* in the environment, the config on
-// stdin, the result on stdout. wrap, if any, is a command line (strace)
-// the plugin runs under.
-func (b *bench) exec(ctx context.Context, inv invocation, wrap []string) run {
+// stdin, the result on stdout.
+func (b *bench) exec(ctx context.Context, inv invocation) run {
 	if err := ctx.Err(); err != nil {
 		return run{Err: err}
 	}
-	res, err := b.launcher.batch([]launch.Req{b.request(inv, wrap)})
+	res, err := b.launcher.batch([]launch.Req{b.request(inv)})
 	if err != nil {
 		return run{Err: err}
 	}
@@ -388,7 +382,7 @@ func (b *bench) exec(ctx context.Context, inv invocation, wrap []string) run {
 // request is the exec of inv: the environment is invoke.Args.AsEnv's, the
 // bench's own with the CNI_* variables set; the launcher adds the rest of
 // it (baseEnv) to the CNI_* ones sent here.
-func (b *bench) request(inv invocation, wrap []string) launch.Req {
+func (b *bench) request(inv invocation) launch.Req {
 	var env []string
 	for _, kv := range (&invoke.Args{
 		Command:     inv.Command,
@@ -401,8 +395,7 @@ func (b *bench) request(inv invocation, wrap []string) launch.Req {
 			env = append(env, kv)
 		}
 	}
-	argv := append(append([]string(nil), wrap...), filepath.Join(b.binDir, inv.Plugin))
-	return launch.Req{Argv: argv, Env: env, Stdin: inv.Conf}
+	return launch.Req{Argv: []string{filepath.Join(b.binDir, inv.Plugin)}, Env: env, Stdin: inv.Conf}
 }
 
 // baseEnv is the bench's environment without CNI_* variables.

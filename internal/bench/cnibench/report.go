@@ -118,7 +118,6 @@ type Report struct {
 	// the floor of its phase (see package launch), so one at or below it
 	// is only a bound.
 	RSSFloor, BurstRSSFloor int64
-	Profiles                []Profile
 	FailureCount            int
 	Failures                []string // the first few, verbatim
 	Incomplete              string   // why the run stopped early, if it did
@@ -361,10 +360,6 @@ func (r *Report) Markdown() string {
 
 	if len(r.Bursts) > 0 {
 		r.burstsMarkdown(p)
-	}
-
-	for _, pr := range r.Profiles {
-		pr.markdown(&b)
 	}
 
 	if r.FailureCount > 0 {

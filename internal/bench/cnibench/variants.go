@@ -107,14 +107,9 @@ func (c *chainRun) record(r run) {
 	c.rss = max(c.rss, r.MaxRSS)
 }
 
-// wrapFunc gives the command line step i of a chain runs under, if any.
-type wrapFunc func(i int) []string
-
-func noWrap(int) []string { return nil }
-
 // add runs ADD through the chain as libcni's AddNetworkList does, each
 // plugin getting the previous one's result.
-func (b *bench) add(ctx context.Context, v *variant, cid string, wrap wrapFunc) chainRun {
+func (b *bench) add(ctx context.Context, v *variant, cid string) chainRun {
 	c := chainRun{steps: make([]run, len(v.steps))}
 	var prev json.RawMessage
 	for i, s := range v.steps {
@@ -123,7 +118,7 @@ func (b *bench) add(ctx context.Context, v *variant, cid string, wrap wrapFunc) 
 			c.err = err
 			break
 		}
-		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "ADD", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf}, wrap(i))
+		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "ADD", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf})
 		c.steps[i] = r
 		c.record(r)
 		if r.Err != nil {
@@ -139,7 +134,7 @@ func (b *bench) add(ctx context.Context, v *variant, cid string, wrap wrapFunc) 
 // del runs DEL through the chain in reverse, each plugin getting the final
 // ADD result, as libcni's DelNetworkList does. Unlike libcni it goes on
 // after an error, so that the bench leaves nothing behind.
-func (b *bench) del(ctx context.Context, v *variant, cid string, result json.RawMessage, wrap wrapFunc) chainRun {
+func (b *bench) del(ctx context.Context, v *variant, cid string, result json.RawMessage) chainRun {
 	c := chainRun{steps: make([]run, len(v.steps))}
 	for i := len(v.steps) - 1; i >= 0; i-- {
 		s := v.steps[i]
@@ -148,7 +143,7 @@ func (b *bench) del(ctx context.Context, v *variant, cid string, result json.Raw
 			c.err = err
 			continue
 		}
-		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "DEL", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf}, wrap(i))
+		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "DEL", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf})
 		c.steps[i] = r
 		c.record(r)
 		if r.Err != nil && c.err == nil {
@@ -176,7 +171,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 				return b.unwind(vs, adds, cid, err)
 			}
 			i := (it + k) % len(vs)
-			adds[i] = b.add(ctx, vs[i], cid(vs[i]), noWrap)
+			adds[i] = b.add(ctx, vs[i], cid(vs[i]))
 			b.recordAdd(vs[i], cid(vs[i]), adds[i], record)
 		}
 		if err := b.settle(ctx); err != nil {
@@ -186,7 +181,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 		// comes first after the ADDs.
 		for k := range vs {
 			i := (it + len(vs) - 1 - k) % len(vs)
-			del := b.del(ctx, vs[i], cid(vs[i]), adds[i].result, noWrap)
+			del := b.del(ctx, vs[i], cid(vs[i]), adds[i].result)
 			b.recordDel(vs[i], cid(vs[i]), adds[i], del, record)
 		}
 		if n := b.failed(); n >= maxFailures {
@@ -215,7 +210,7 @@ func (b *bench) settle(ctx context.Context) error {
 func (b *bench) unwind(vs []*variant, adds []chainRun, cid func(*variant) string, err error) error {
 	for i, v := range vs {
 		if adds[i].steps != nil {
-			_ = b.del(context.Background(), v, cid(v), adds[i].result, noWrap)
+			_ = b.del(context.Background(), v, cid(v), adds[i].result)
 		}
 	}
 	return err
