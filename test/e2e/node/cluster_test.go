@@ -500,6 +500,38 @@ type podStatus struct {
 	}
 }
 
+// waitReady waits up to timeout for pod p to be Ready, then fills in its
+// uid, sandbox, netns and IP, checking that the apiserver and the CRI agree
+// on the IP; it returns the pod's status.
+func (c *cluster) waitReady(p *pod, timeout string) *podStatus {
+	t := c.t
+	t.Helper()
+	if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout="+timeout); err != nil {
+		c.describe(p.name)
+		t.Fatal(err)
+	}
+	st, err := c.getPod(p.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.uid = st.Metadata.UID
+	ids, err := c.sandboxOf(p.uid)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("pod %s: sandboxes %v (%v), want one", p.name, ids, err)
+	}
+	p.sandbox = ids[0]
+	c.node.Track(p.sandbox)
+	sb, err := c.node.InspectSandbox(p.sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.netns, p.ip = sb.NetNS, sb.IP
+	if st.Status.PodIP != p.ip.String() {
+		t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
+	}
+	return st
+}
+
 func (c *cluster) getPod(name string) (*podStatus, error) {
 	out, err := c.kubectl("get", "pod", "-n", podNamespace, name, "-o", "json")
 	if err != nil {

@@ -496,29 +496,7 @@ func (c *cluster) waitMultusPod(p *multusPod) {
 	t := c.t
 	t.Helper()
 	start := time.Now()
-	if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout=120s"); err != nil {
-		c.describe(p.name)
-		t.Fatal(err)
-	}
-	st, err := c.getPod(p.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.uid = st.Metadata.UID
-	ids, err := c.sandboxOf(p.uid)
-	if err != nil || len(ids) != 1 {
-		t.Fatalf("pod %s: sandboxes %v (%v), want one", p.name, ids, err)
-	}
-	p.sandbox = ids[0]
-	c.node.Track(p.sandbox)
-	sb, err := c.node.InspectSandbox(p.sandbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.netns, p.ip = sb.NetNS, sb.IP
-	if st.Status.PodIP != p.ip.String() {
-		t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
-	}
+	st := c.waitReady(&p.pod, "120s")
 	p.want.ContainerID, p.want.Socket = p.sandbox, c.node.Socket
 	raw := st.Metadata.Annotations[networkStatusAnnotation]
 	if err := json.Unmarshal([]byte(raw), &p.status); err != nil {

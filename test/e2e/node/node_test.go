@@ -77,31 +77,9 @@ func TestKubernetesNode(t *testing.T) {
 		n.UseQueues(queues)
 		start := time.Now()
 		c.apply(c.manifest(p.name, queues))
-		if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout=120s"); err != nil {
-			c.describe(p.name)
-			t.Fatal(err)
-		}
-		st, err := c.getPod(p.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.uid = st.Metadata.UID
-		ids, err := c.sandboxOf(p.uid)
-		if err != nil || len(ids) != 1 {
-			t.Fatalf("pod %s: sandboxes %v (%v), want one", p.name, ids, err)
-		}
-		p.sandbox = ids[0]
-		n.Track(p.sandbox)
-		sb, err := n.InspectSandbox(p.sandbox)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.netns, p.ip = sb.NetNS, sb.IP
+		st := c.waitReady(p, "120s")
 		t.Logf("pod %s (%d queues): Running in %v, phase %s, pod IP %s, sandbox %.12s, netns %s",
 			p.name, queues, time.Since(start).Round(time.Millisecond), st.Status.Phase, st.Status.PodIP, p.sandbox, p.netns)
-		if st.Status.PodIP != p.ip.String() {
-			t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
-		}
 		if err := nodecheck.Present(p.netns, c.expect(p, queues)); err != nil {
 			t.Errorf("pod %s: %v", p.name, err)
 		}

@@ -302,30 +302,8 @@ func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string
 func (c *cluster) waitVMPodRunning(p *vmPod, guestNIC string) {
 	t := c.t
 	t.Helper()
-	if _, err := c.kubectl("wait", "-n", podNamespace, "--for=condition=Ready", "pod/"+p.name, "--timeout=180s"); err != nil {
-		c.describe(p.name)
-		t.Fatal(err)
-	}
-	st, err := c.getPod(p.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.uid = st.Metadata.UID
-	ids, err := c.sandboxOf(p.uid)
-	if err != nil || len(ids) != 1 {
-		t.Fatalf("pod %s: sandboxes %v (%v), want one", p.name, ids, err)
-	}
-	p.sandbox = ids[0]
-	c.node.Track(p.sandbox)
-	sb, err := c.node.InspectSandbox(p.sandbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.netns, p.ip = sb.NetNS, sb.IP
-	if st.Status.PodIP != p.ip.String() {
-		t.Errorf("pod %s: apiserver says IP %s, the CRI %s", p.name, st.Status.PodIP, p.ip)
-	}
-	err = ns.WithNetNSPath(p.netns, func(ns.NetNS) error {
+	c.waitReady(&p.pod, "180s")
+	err := ns.WithNetNSPath(p.netns, func(ns.NetNS) error {
 		l, err := netlink.LinkByName(guestNIC)
 		if err == nil {
 			p.mac = l.Attrs().HardwareAddr.String()
