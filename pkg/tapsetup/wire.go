@@ -376,15 +376,22 @@ func restorePeer(br netlink.Link, peerName string, identity PeerIdentity) error 
 			return fmt.Errorf("interface %q: restore mac %s: %w", peerName, identity.MAC, err)
 		}
 	}
-	for _, addr := range identity.Addrs {
-		if err := netlink.AddrAdd(peer, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("interface %q: restore address %s: %w", peerName, addr.String(), err)
+	return AddAddrs(peer, identity.Addrs, identity.Routes)
+}
+
+// AddAddrs gives link addrs, then routes through it: what a CNI result
+// lists for an interface. Addresses and routes already there are fine.
+func AddAddrs(link netlink.Link, addrs []net.IPNet, routes []PeerRoute) error {
+	name := link.Attrs().Name
+	for _, addr := range addrs {
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("interface %q: add address %s: %w", name, addr.String(), err)
 		}
 	}
-	for _, r := range identity.Routes {
-		route := &netlink.Route{LinkIndex: peer.Attrs().Index, Dst: &r.Dst, Gw: r.GW}
+	for _, r := range routes {
+		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: r.GW}
 		if err := netlink.RouteReplace(route); err != nil {
-			return fmt.Errorf("interface %q: restore route %s: %w", peerName, r.Dst.String(), err)
+			return fmt.Errorf("interface %q: add route %s: %w", name, r.Dst.String(), err)
 		}
 	}
 	return nil

@@ -12,13 +12,11 @@ import (
 	"net"
 	"slices"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/ipamexec"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -66,18 +65,14 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 
 	var ipamResult *current.Result
 	if conf.IPAM.Type != "" {
-		var r types.Result
-		if r, err = ipam.ExecAdd(conf.IPAM.Type, args.StdinData); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		if ipamResult, err = ipamexec.Add(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
+			return ipamError(conf, err)
 		}
 		defer func() {
 			if err != nil {
-				_ = ipam.ExecDel(conf.IPAM.Type, args.StdinData)
+				_ = ipamexec.Del(context.TODO(), conf.IPAM.Type, args.StdinData)
 			}
 		}()
-		if ipamResult, err = current.NewResultFromResult(r); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
-		}
 		if len(ipamResult.IPs) == 0 {
 			return fmt.Errorf("ipam %q returned no IP addresses", conf.IPAM.Type)
 		}
@@ -146,7 +141,11 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		if ipamResult != nil {
 			ipamResult.Interfaces = []*current.Interface{{Name: conf.TapName}}
 			ipamResult.IPs = withInterface(ipamResult.IPs, 0)
-			if err := ipam.ConfigureIface(conf.TapName, ipamResult); err != nil {
+			var addrs []net.IPNet
+			for _, ipc := range ipamResult.IPs {
+				addrs = append(addrs, ipc.Address)
+			}
+			if err := tapsetup.AddAddrs(created, addrs, routesOf(ipamResult)); err != nil {
 				return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 			}
 		}
@@ -232,8 +231,8 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	if conf.IPAM.Type != "" {
-		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		if err := ipamexec.Del(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
+			return ipamError(conf, err)
 		}
 	}
 	if args.Netns == "" {
@@ -349,12 +348,18 @@ func podRoutes(conf *config.Config) []tapsetup.PeerRoute {
 	if conf.PrevResult == nil {
 		return nil
 	}
+	return routesOf(conf.PrevResult)
+}
+
+// routesOf are result's routes; one without a gateway goes through the
+// gateway of its family's address, as the plugins that made the result
+// installed it.
+func routesOf(result *current.Result) []tapsetup.PeerRoute {
 	var routes []tapsetup.PeerRoute
-	for _, r := range conf.PrevResult.Routes {
+	for _, r := range result.Routes {
 		gw := r.GW
 		if gw == nil {
-			// As ipam.ConfigureIface does: the address's gateway.
-			for _, ipc := range conf.PrevResult.IPs {
+			for _, ipc := range result.IPs {
 				if ipc.Gateway != nil && (ipc.Gateway.To4() == nil) == (r.Dst.IP.To4() == nil) {
 					gw = ipc.Gateway
 					break
@@ -410,8 +415,8 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	defer netns.Close()
 	if conf.IPAM.Type != "" {
-		if err := ipam.ExecCheck(conf.IPAM.Type, args.StdinData); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		if err := ipamexec.Check(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
+			return ipamError(conf, err)
 		}
 	}
 	if err := checkTap(conf, args.Netns); err != nil {
@@ -443,8 +448,11 @@ func cmdStatus(args *skel.CmdArgs) error {
 		}
 	}
 	if conf.IPAM.Type != "" {
-		if err := ipam.ExecStatus(conf.IPAM.Type, args.StdinData); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		if err := ipamexec.Status(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
+			if errors.Is(err, ipamexec.ErrNotFound) {
+				return types.NewError(types.ErrPluginNotAvailable, "ipam.type: "+err.Error(), "")
+			}
+			return ipamError(conf, err)
 		}
 	}
 	return nil
@@ -462,8 +470,8 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	if conf.IPAM.Type != "" {
-		if err := invoke.DelegateGC(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
-			return fmt.Errorf("ipam %q: %w", conf.IPAM.Type, err)
+		if err := ipamexec.GC(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
+			return ipamError(conf, err)
 		}
 	}
 	return nil
@@ -596,4 +604,13 @@ func randomMAC() net.HardwareAddr {
 	_, _ = rand.Read(mac)
 	mac[0] = mac[0]&^0x01 | 0x02
 	return mac
+}
+
+// ipamError names the IPAM plugin's field when the node lacks it, and keeps
+// the plugin's own CNI error (and code) otherwise.
+func ipamError(conf *config.Config, err error) error {
+	if errors.Is(err, ipamexec.ErrNotFound) {
+		return types.NewError(types.ErrInvalidNetworkConfig, "ipam.type: "+err.Error(), "")
+	}
+	return err
 }

@@ -474,6 +474,14 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 			wantCode: types.ErrInternal,
 		},
 		{
+			name: "an IPAM plugin missing from CNI_PATH is a config error naming ipam.type",
+			plugins: func(e *cnitest.Env) []string {
+				return []string{`{"type":"napitap","ipam":{"type":"napitap-no-such-ipam"}}`}
+			},
+			ifName:   "tap0",
+			wantCode: types.ErrInvalidNetworkConfig,
+		},
+		{
 			name:     "queues out of range is a config error naming the field",
 			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","queues":257}`} },
 			ifName:   "tap0",
@@ -772,5 +780,60 @@ func TestFailedBridgeWiringGivesThePodItsRoutesBack(t *testing.T) {
 	}
 	if after := e.PodLinks(); !slices.Equal(linksBefore, after) {
 		t.Errorf("pod links after the failed ADD: %v, before: %v", after, linksBefore)
+	}
+}
+
+// TestStandaloneTapGetsTheIPAMAddressAndRoutes: a route without a gateway
+// goes through the address's gateway, one with a gateway through its own,
+// and DEL gives the address back to the pool.
+func TestStandaloneTapGetsTheIPAMAddressAndRoutes(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	ipam := `{"type":"host-local","subnet":"10.199.0.0/24","gateway":"10.199.0.1","dataDir":"` + filepath.Join(e.DataDir, "ipam") +
+		`","routes":[{"dst":"10.196.0.0/16"},{"dst":"10.195.0.0/16","gw":"10.199.0.9"}]}`
+	list := e.List("1.1.0", `{"type":"napitap","queues":2,"ipam":`+ipam+`}`)
+	rt := e.RT("tap0")
+	res := e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+	if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.199.0.2/24" {
+		t.Fatalf("result IPs %v", cnitest.MustJSON(res.IPs))
+	}
+
+	var addrs, routes []string
+	e.Pod.Run(t, func() error {
+		tap, err := netlink.LinkByName("tap0")
+		if err != nil {
+			return err
+		}
+		list, err := netlink.AddrList(tap, netlink.FAMILY_V4)
+		for _, a := range list {
+			addrs = append(addrs, a.IPNet.String())
+		}
+		if err != nil {
+			return err
+		}
+		rlist, err := netlink.RouteList(tap, netlink.FAMILY_V4)
+		for _, r := range rlist {
+			if r.Gw != nil {
+				routes = append(routes, r.Dst.String()+" via "+r.Gw.String())
+			}
+		}
+		return err
+	})
+	slices.Sort(routes)
+	if want := []string{"10.199.0.2/24"}; !slices.Equal(addrs, want) {
+		t.Errorf("tap addresses %v, want %v", addrs, want)
+	}
+	if want := []string{"10.195.0.0/16 via 10.199.0.9", "10.196.0.0/16 via 10.199.0.1"}; !slices.Equal(routes, want) {
+		t.Errorf("tap routes %v, want %v", routes, want)
+	}
+	if err := e.Check(list, rt); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	if err := e.Del(list, rt); err != nil {
+		t.Fatal(err)
+	}
+	leases, _ := filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*"))
+	if len(leases) != 0 {
+		t.Errorf("host-local leases after DEL: %v", leases)
 	}
 }
