@@ -640,7 +640,7 @@ func TestStatusRefusesAConfigNoADDCouldTake(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run("STATUS of "+tc.name+" is code 7 naming "+tc.field, func(t *testing.T) {
-			cmd := exec.Command(binDir+"/napitap")
+			cmd := exec.Command(binDir + "/napitap")
 			cmd.Env = []string{"CNI_COMMAND=STATUS", "CNI_PATH=" + binDir}
 			cmd.Stdin = strings.NewReader(`{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap",` + tc.conf + `}`)
 			out, err := cmd.Output()
