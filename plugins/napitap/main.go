@@ -66,7 +66,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	var ipamResult *current.Result
 	if conf.IPAM.Type != "" {
 		if ipamResult, err = ipamexec.Add(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
-			return ipamError(conf, err)
+			return ipamError(err)
 		}
 		defer func() {
 			if err != nil {
@@ -232,7 +232,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	if conf.IPAM.Type != "" {
 		if err := ipamexec.Del(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
-			return ipamError(conf, err)
+			return ipamError(err)
 		}
 	}
 	if args.Netns == "" {
@@ -416,7 +416,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	defer netns.Close()
 	if conf.IPAM.Type != "" {
 		if err := ipamexec.Check(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
-			return ipamError(conf, err)
+			return ipamError(err)
 		}
 	}
 	if err := checkTap(conf, args.Netns); err != nil {
@@ -452,7 +452,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 			if errors.Is(err, ipamexec.ErrNotFound) {
 				return types.NewError(types.ErrPluginNotAvailable, "ipam.type: "+err.Error(), "")
 			}
-			return ipamError(conf, err)
+			return ipamError(err)
 		}
 	}
 	return nil
@@ -471,7 +471,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	if conf.IPAM.Type != "" {
 		if err := ipamexec.GC(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
-			return ipamError(conf, err)
+			return ipamError(err)
 		}
 	}
 	return nil
@@ -608,7 +608,7 @@ func randomMAC() net.HardwareAddr {
 
 // ipamError names the IPAM plugin's field when the node lacks it, and keeps
 // the plugin's own CNI error (and code) otherwise.
-func ipamError(conf *config.Config, err error) error {
+func ipamError(err error) error {
 	if errors.Is(err, ipamexec.ErrNotFound) {
 		return types.NewError(types.ErrInvalidNetworkConfig, "ipam.type: "+err.Error(), "")
 	}
