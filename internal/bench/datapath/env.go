@@ -238,7 +238,7 @@ type podTap struct {
 // only then), sets mode's root qdisc while it is down, and, with
 // addressed, gives it the pod address and a permanent neighbour entry for
 // the writer.
-func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addressed bool) (t *podTap, err error) {
+func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool) (t *podTap, err error) {
 	flags := tapsetup.QueueFlags{MultiQueue: queues > 1, VnetHdr: true, NAPI: mode.NAPI, NAPIFrags: mode.Frags}
 	if err := tapsetup.CheckFeatures(flags); err != nil {
 		return nil, err
@@ -270,7 +270,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addre
 	}
 	for _, q := range t.queues {
 		fd := int(q.Fd())
-		if err := unix.SetNonblock(fd, nonblock); err != nil {
+		if err := unix.SetNonblock(fd, true); err != nil {
 			return t, fmt.Errorf("tap %q: O_NONBLOCK: %w", name, err)
 		}
 		t.fds = append(t.fds, fd)

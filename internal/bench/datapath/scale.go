@@ -93,7 +93,7 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	}()
 	start := time.Now()
 	for i := range b.opts.ScaleTaps {
-		t, err := b.ns.createTap(fmt.Sprintf("%s%03d", prefix, i), mode, b.opts.ScaleQueues, true, false)
+		t, err := b.ns.createTap(fmt.Sprintf("%s%03d", prefix, i), mode, b.opts.ScaleQueues, false)
 		if err != nil {
 			return s, err
 		}
