@@ -27,6 +27,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -533,35 +534,16 @@ func (d *daemon) stats() (DaemonStats, error) {
 }
 
 func procStats(pid int) (DaemonStats, error) {
-	var s DaemonStats
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return s, err
+		return DaemonStats{}, err
 	}
-	s.VmRSS, s.VmHWM = statusKiB(status, "VmRSS")*1024, statusKiB(status, "VmHWM")*1024
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	st, err := p.NewStatus()
 	if err != nil {
-		return s, err
+		return DaemonStats{}, err
 	}
-	s.FDs = len(fds)
-	return s, nil
-}
-
-// statusKiB reads "Key:   1234 kB" from /proc/<pid>/status.
-func statusKiB(status []byte, key string) int64 {
-	for _, line := range strings.Split(string(status), "\n") {
-		rest, ok := strings.CutPrefix(line, key+":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		return n
-	}
-	return 0
+	fds, err := p.FileDescriptorsLen()
+	return DaemonStats{VmRSS: int64(st.VmRSS), VmHWM: int64(st.VmHWM), FDs: fds}, err
 }
 
 // --- machine

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -241,15 +242,20 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-func TestStatusKiB(t *testing.T) {
-	status := []byte("Name:\tnapitapd\nVmHWM:\t   12345 kB\nVmRSS:\t    2048 kB\n")
-	if got := statusKiB(status, "VmHWM"); got != 12345 {
-		t.Errorf("VmHWM %d", got)
+func TestProcStatsReadsAProcesssMemoryInBytesAndCountsItsFds(t *testing.T) {
+	st, err := procStats(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := statusKiB(status, "VmRSS"); got != 2048 {
-		t.Errorf("VmRSS %d", got)
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := statusKiB(status, "VmSwap"); got != 0 {
-		t.Errorf("absent key: %d", got)
+	// ReadDir's own fd is open while it reads, not after.
+	if st.VmRSS < 1<<20 || st.VmHWM < st.VmRSS || st.FDs < 3 || st.FDs > len(fds) {
+		t.Errorf("procStats = %+v; want VmRSS of at least 1 MiB, VmHWM >= VmRSS, 3 to %d fds", st, len(fds))
+	}
+	if s := readSlab(); s.Total <= 0 || s.Unreclaimable <= 0 || s.Unreclaimable > s.Total {
+		t.Errorf("readSlab = %+v", s)
 	}
 }

@@ -39,6 +39,7 @@ import (
 
 	mrand "math/rand/v2"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -815,8 +816,8 @@ type snapshot struct {
 	paced, blocked, acks       uint64
 	rxPackets, rxBytes         uint64
 	qdisc                      string
-	machine                    cpuTimes
-	perCPU                     []cpuTimes
+	machine                    procfs.CPUStat
+	perCPU                     []procfs.CPUStat
 	wU, wS, rU, rS, kU, kS     uint64
 	net                        map[string]uint64
 }

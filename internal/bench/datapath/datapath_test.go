@@ -241,28 +241,31 @@ func TestParseSynAck(t *testing.T) {
 }
 
 func TestProcParsers(t *testing.T) {
-	dev := []byte("Inter-|   Receive                            |  Transmit\n" +
-		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n" +
-		"    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n" +
-		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7    0    3    0     0       0          0\n")
-	if v, ok := devCounters(dev, "napidp0a1b2c"); !ok || v[1] != 8910 || v[9] != 7 || v[11] != 3 {
-		t.Errorf("devCounters = %v, %v; want rx packets 8910, tx packets 7, tx drop 3", v, ok)
-	}
-	if _, ok := devCounters(dev, "napidp"); ok {
-		t.Errorf("devCounters matched a prefix")
-	}
 	m := map[string]uint64{}
 	parseNetstat([]byte("Ip: Forwarding InReceives\nIp: 1 42\nUdp: InDatagrams RcvbufErrors\nUdp: 7 3\n"), m)
 	if m["Ip.InReceives"] != 42 || m["Udp.RcvbufErrors"] != 3 || m["Udp.InDatagrams"] != 7 {
 		t.Errorf("parseNetstat = %v", m)
 	}
-	stat := []byte("1234 (napi/napidp0a (x)) S 2 0 0 0 -1 2129984 0 0 0 0 17 42 0 0 20 0 1 0 5 0 0\n")
-	f := filepath.Join(t.TempDir(), "stat")
-	if err := os.WriteFile(f, stat, 0o644); err != nil {
-		t.Fatal(err)
+	all, per, err := readProcStat()
+	if err != nil || len(per) != runtime.NumCPU() || all.Idle <= 0 {
+		t.Errorf("readProcStat: %d CPUs, all %+v, %v; want %d CPUs", len(per), all, err, runtime.NumCPU())
 	}
-	if u, s, err := taskTimes(f); err != nil || u != 17 || s != 42 {
-		t.Errorf("taskTimes = %d, %d, %v; want 17, 42", u, s, err)
+	if c := split(all, all, 2); c != (CPUSplit{}) {
+		t.Errorf("split over no time = %+v", c)
+	}
+	// A thread that spins gets ticks; a thread of no one's counts none.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if u, s := threadTicks([]int{unix.Gettid()}); u+s > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("threadTicks of a spinning thread stays 0")
+		}
+	}
+	if u, s := pidTicks([]int{0, 1 << 30}); u+s != 0 {
+		t.Errorf("pidTicks of no process = %d, %d", u, s)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -106,64 +107,38 @@ func (p *podNetns) linkGone(name string) (bool, error) {
 
 // netstat reads /proc/net/snmp and /proc/net/netstat of the netns as
 // "Group.Counter" -> value. /proc/thread-self follows the calling thread's
-// netns, /proc/self that of the main thread.
-// With tap set, "Tap.*" are the tap's /proc/net/dev counters (frames it
-// took from its queues, transmitted and dropped on transmit) and "Qdisc.*"
-// its root qdisc's drops and requeues, read right after the others so
-// that the counters describe the same moment; qdisc is the root qdisc's
-// kind, with its children's.
+// netns, /proc/self that of the main thread. "Tap.*" are the tap's
+// /proc/net/dev counters (frames it took from its queues, transmitted and
+// dropped on transmit) and "Qdisc.*" its root qdisc's drops and requeues,
+// read right after the others so that the counters describe the same
+// moment; qdisc is the root qdisc's kind, with its children's.
 func (p *podNetns) netstat(tap string) (m map[string]uint64, qdisc string, err error) {
 	m = map[string]uint64{}
 	err = p.do(func() error {
-		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat", "/proc/thread-self/net/dev"} {
+		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat"} {
 			raw, err := os.ReadFile(f)
 			if err != nil {
 				return err
 			}
-			if strings.HasSuffix(f, "/dev") {
-				if tap != "" {
-					v, ok := devCounters(raw, tap)
-					if !ok {
-						return fmt.Errorf("%s: no line for %s", f, tap)
-					}
-					m["Tap.RxPackets"], m["Tap.TxPackets"], m["Tap.TxDropped"] = v[1], v[9], v[11]
-				}
-				continue
-			}
 			parseNetstat(raw, m)
 		}
-		if tap == "" {
-			return nil
+		fs, err := procfs.NewFS("/proc/thread-self")
+		if err != nil {
+			return err
 		}
+		devs, err := fs.NetDev()
+		if err != nil {
+			return err
+		}
+		d, ok := devs[tap]
+		if !ok {
+			return fmt.Errorf("/proc/thread-self/net/dev: no line for %s", tap)
+		}
+		m["Tap.RxPackets"], m["Tap.TxPackets"], m["Tap.TxDropped"] = d.RxPackets, d.TxPackets, d.TxDropped
 		qdisc, err = qdiscCounters(tap, m)
 		return err
 	})
 	return m, qdisc, err
-}
-
-// devCounters finds the line of dev in /proc/net/dev: rx bytes, packets,
-// errs, drop, fifo, frame, compressed, multicast, then tx bytes, packets,
-// errs, drop, ...
-func devCounters(raw []byte, dev string) ([]uint64, bool) {
-	for _, l := range strings.Split(string(raw), "\n") {
-		name, rest, ok := strings.Cut(l, ":")
-		if !ok || strings.TrimSpace(name) != dev {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 16 {
-			return nil, false
-		}
-		v := make([]uint64, len(f))
-		for i := range f {
-			var err error
-			if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
-				return nil, false
-			}
-		}
-		return v, true
-	}
-	return nil, false
 }
 
 // qdiscCounters adds the drops and requeues of tap's root qdisc (mq sums
