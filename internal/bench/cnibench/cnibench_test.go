@@ -52,23 +52,16 @@ func TestPercentileIsNearestRank(t *testing.T) {
 	}
 }
 
-func TestSummarizeAndSeries(t *testing.T) {
+func TestASeriesKeepsEveryRunAndTheLargestRSS(t *testing.T) {
 	var s Series
 	s.Add(3*time.Millisecond, time.Millisecond, 8<<20)
 	s.Add(1*time.Millisecond, time.Millisecond, 12<<20)
 	s.Add(2*time.Millisecond, time.Millisecond, 9<<20)
-	got := s.WallSummary()
-	if got.N != 3 || got.P50 != 2*time.Millisecond || got.P99 != 3*time.Millisecond || got.Max != 3*time.Millisecond {
-		t.Errorf("summary %+v", got)
+	if Percentile(s.Wall, 50) != 2*time.Millisecond || Percentile(s.Wall, 99) != 3*time.Millisecond || len(s.CPU) != 3 {
+		t.Errorf("series %+v", s)
 	}
 	if s.MaxRSS != 12<<20 {
 		t.Errorf("MaxRSS %d, want the largest", s.MaxRSS)
-	}
-	var all Series
-	all.Merge(s)
-	all.Merge(Series{Wall: ms(10), CPU: ms(1), MaxRSS: 1})
-	if len(all.Wall) != 4 || all.MaxRSS != 12<<20 {
-		t.Errorf("merge: %d samples, MaxRSS %d", len(all.Wall), all.MaxRSS)
 	}
 	if !math.IsNaN(Ratio(time.Millisecond, 0)) || Ratio(3*time.Millisecond, 2*time.Millisecond) != 1.5 {
 		t.Error("Ratio")

@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -623,7 +624,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 		return s, err
 	}
 	b.cells++
-	name := "napidp" + randomSuffix()
+	name := "napidp" + nstest.RandomSuffix()
 	s = Sample{Run: run, Mode: mode.Name, Size: size.Name, Queues: queues, Tap: name}
 
 	// No collection in the window; between cells, collect explicitly.

@@ -3,8 +3,6 @@ package datapath
 import (
 	"bufio"
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -21,14 +19,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
-
-func randomSuffix() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // podNetns is the pod network namespace of a benchmark: a named netns
 // "napitap-dp-<random>" that lives as long as the benchmark.
@@ -38,7 +31,7 @@ type podNetns struct {
 }
 
 func newPodNetns() (*podNetns, error) {
-	name := "napitap-dp-" + randomSuffix()
+	name := "napitap-dp-" + nstest.RandomSuffix()
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/napitap/napitap/internal/nstest"
 )
 
 // Threaded NAPI at scale: a node with 110 VM pods of 4 queues has 440 NAPI
@@ -64,7 +66,7 @@ func (b *bench) scale(ctx context.Context) (*ScaleResults, error) {
 
 func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSample, err error) {
 	s = ScaleSample{Round: round, Mode: mode.Name}
-	prefix := "nsc" + randomSuffix()
+	prefix := "nsc" + nstest.RandomSuffix()
 	sleep := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
