@@ -565,25 +565,18 @@ func machineInfo() Machine {
 	if unix.Uname(&u) == nil {
 		m.Kernel, m.KernelVersion = unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Version[:])
 	}
-	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(info), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
-			}
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if cpus, err := fs.CPUInfo(); err == nil && len(cpus) > 0 {
+			m.CPUModel = cpus[0].ModelName
 		}
 	}
 	return m
 }
 
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
+	raw, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(raw)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
+	return "?"
 }

@@ -934,21 +934,15 @@ func machineInfo() MachineInfo {
 	if unix.Uname(&u) == nil {
 		m.Kernel = fmt.Sprintf("Linux %s %s", unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
-	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(raw), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if cpus, err := fs.CPUInfo(); err == nil && len(cpus) > 0 {
+			m.CPU = cpus[0].ModelName
+			if slices.Contains(cpus[0].Flags, "hypervisor") {
+				m.Virtualized = "yes (cpuinfo flag hypervisor)"
 			}
 		}
-		if strings.Contains(string(raw), " hypervisor") {
-			m.Virtualized = "yes (cpuinfo flag hypervisor)"
-		}
-	}
-	if raw, err := os.ReadFile("/proc/meminfo"); err == nil {
-		var kb float64
-		if _, err := fmt.Sscanf(string(raw), "MemTotal: %f kB", &kb); err == nil {
-			m.MemoryGiB = kb / (1 << 20)
+		if mi, err := fs.Meminfo(); err == nil && mi.MemTotal != nil {
+			m.MemoryGiB = float64(*mi.MemTotal) / (1 << 20)
 		}
 	}
 	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
