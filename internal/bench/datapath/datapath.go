@@ -62,13 +62,7 @@ type Mode struct {
 
 // qdiscBase is the mode with the kernel's root qdisc that a mode with its
 // own qdisc is compared with: "threaded+noqueue" -> "threaded".
-func qdiscBase(name string) (string, bool) {
-	base, ok := strings.CutSuffix(name, "+noqueue")
-	if !ok {
-		return "", false
-	}
-	return base, true
-}
+func qdiscBase(name string) (string, bool) { return strings.CutSuffix(name, "+noqueue") }
 
 func (m Mode) knobs() tapsetup.NAPIKnobs {
 	k := tapsetup.NAPIKnobs{Threaded: m.Threaded}
@@ -908,8 +902,7 @@ func (s *Sample) derive() {
 	ours := s.Writer.User + s.Writer.Sys + s.Receiver.User + s.Receiver.Sys + s.NAPIThreads.User + s.NAPIThreads.Sys
 	s.OtherCores = max(0, s.Machine.busy()-ours)
 	if s.RxPackets > 0 && s.PPS > 0 {
-		tot := s.Writer.User + s.Writer.Sys + s.Receiver.User + s.Receiver.Sys + s.NAPIThreads.User + s.NAPIThreads.Sys
-		s.CPUPerFrameUs = tot * 1e6 / s.PPS
+		s.CPUPerFrameUs = ours * 1e6 / s.PPS
 	}
 	if s.TxFrames > 0 && s.TxPPS > 0 {
 		s.WriterPerFrameUs = (s.Writer.User + s.Writer.Sys) * 1e6 / s.TxPPS
