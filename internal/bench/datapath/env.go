@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -45,8 +46,9 @@ func newPodNetns() (*podNetns, error) {
 			return err
 		}
 		// Taps inherit "default"; "all" is or-ed with the device's value.
+		// /proc/sys/net is the netns of the calling thread, hence do.
 		for _, k := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
-			if err := writeSysctl(k, "0"); err != nil {
+			if _, err := sysctl.Sysctl(k, "0"); err != nil {
 				return err
 			}
 		}
@@ -70,15 +72,6 @@ func (p *podNetns) close() error {
 	}
 	if out, err := exec.Command("ip", "netns", "del", p.name).CombinedOutput(); err != nil {
 		return fmt.Errorf("ip netns del %s: %v: %s", p.name, err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// writeSysctl writes /proc/sys/<key>. /proc/sys/net resolves to the netns
-// of the calling thread, so callers run it under do.
-func writeSysctl(key, value string) error {
-	if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
 	}
 	return nil
 }
@@ -249,7 +242,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool)
 			// No router solicitations or DAD on the writer's queues.
 			{"net/ipv6/conf/" + name + "/disable_ipv6", "1"},
 		} {
-			if err := writeSysctl(kv[0], kv[1]); err != nil {
+			if _, err := sysctl.Sysctl(kv[0], kv[1]); err != nil {
 				return err
 			}
 		}
