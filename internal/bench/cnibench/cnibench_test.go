@@ -235,7 +235,7 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-func TestProcStatsReadsAProcesssMemoryInBytesAndCountsItsFds(t *testing.T) {
+func TestProcStatsReadsTheMemoryInBytesAndCountsTheFdsOfAProcess(t *testing.T) {
 	st, err := procStats(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
