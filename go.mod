@@ -7,6 +7,7 @@ require (
 	github.com/containernetworking/plugins v1.10.0
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/prometheus/procfs v0.23.0
 	github.com/vishvananda/netlink v1.3.1
 	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.50.0

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/procfs"
+
 	"github.com/napitap/napitap/internal/bench/cnibench/launch"
 	"github.com/napitap/napitap/pkg/handoff"
 )
@@ -204,9 +206,13 @@ func settledSlab(ctx context.Context) Slab {
 
 // readSlab reads Slab and SUnreclaim from /proc/meminfo, zero if it cannot.
 func readSlab() Slab {
-	b, err := os.ReadFile("/proc/meminfo")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return Slab{}
 	}
-	return Slab{Total: statusKiB(b, "Slab") * 1024, Unreclaimable: statusKiB(b, "SUnreclaim") * 1024}
+	m, err := fs.Meminfo()
+	if err != nil || m.SlabBytes == nil || m.SUnreclaimBytes == nil {
+		return Slab{}
+	}
+	return Slab{Total: int64(*m.SlabBytes), Unreclaimable: int64(*m.SUnreclaimBytes)}
 }

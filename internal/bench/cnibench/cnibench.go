@@ -27,6 +27,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -533,35 +534,16 @@ func (d *daemon) stats() (DaemonStats, error) {
 }
 
 func procStats(pid int) (DaemonStats, error) {
-	var s DaemonStats
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return s, err
+		return DaemonStats{}, err
 	}
-	s.VmRSS, s.VmHWM = statusKiB(status, "VmRSS")*1024, statusKiB(status, "VmHWM")*1024
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	st, err := p.NewStatus()
 	if err != nil {
-		return s, err
+		return DaemonStats{}, err
 	}
-	s.FDs = len(fds)
-	return s, nil
-}
-
-// statusKiB reads "Key:   1234 kB" from /proc/<pid>/status.
-func statusKiB(status []byte, key string) int64 {
-	for _, line := range strings.Split(string(status), "\n") {
-		rest, ok := strings.CutPrefix(line, key+":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		return n
-	}
-	return 0
+	fds, err := p.FileDescriptorsLen()
+	return DaemonStats{VmRSS: int64(st.VmRSS), VmHWM: int64(st.VmHWM), FDs: fds}, err
 }
 
 // --- machine
@@ -583,25 +565,18 @@ func machineInfo() Machine {
 	if unix.Uname(&u) == nil {
 		m.Kernel, m.KernelVersion = unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Version[:])
 	}
-	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(info), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
-			}
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if cpus, err := fs.CPUInfo(); err == nil && len(cpus) > 0 {
+			m.CPUModel = cpus[0].ModelName
 		}
 	}
 	return m
 }
 
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
+	raw, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(raw)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
+	return "?"
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -51,23 +52,16 @@ func TestPercentileIsNearestRank(t *testing.T) {
 	}
 }
 
-func TestSummarizeAndSeries(t *testing.T) {
+func TestASeriesKeepsEveryRunAndTheLargestRSS(t *testing.T) {
 	var s Series
 	s.Add(3*time.Millisecond, time.Millisecond, 8<<20)
 	s.Add(1*time.Millisecond, time.Millisecond, 12<<20)
 	s.Add(2*time.Millisecond, time.Millisecond, 9<<20)
-	got := s.WallSummary()
-	if got.N != 3 || got.P50 != 2*time.Millisecond || got.P99 != 3*time.Millisecond || got.Max != 3*time.Millisecond {
-		t.Errorf("summary %+v", got)
+	if Percentile(s.Wall, 50) != 2*time.Millisecond || Percentile(s.Wall, 99) != 3*time.Millisecond || len(s.CPU) != 3 {
+		t.Errorf("series %+v", s)
 	}
 	if s.MaxRSS != 12<<20 {
 		t.Errorf("MaxRSS %d, want the largest", s.MaxRSS)
-	}
-	var all Series
-	all.Merge(s)
-	all.Merge(Series{Wall: ms(10), CPU: ms(1), MaxRSS: 1})
-	if len(all.Wall) != 4 || all.MaxRSS != 12<<20 {
-		t.Errorf("merge: %d samples, MaxRSS %d", len(all.Wall), all.MaxRSS)
 	}
 	if !math.IsNaN(Ratio(time.Millisecond, 0)) || Ratio(3*time.Millisecond, 2*time.Millisecond) != 1.5 {
 		t.Error("Ratio")
@@ -241,15 +235,20 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-func TestStatusKiB(t *testing.T) {
-	status := []byte("Name:\tnapitapd\nVmHWM:\t   12345 kB\nVmRSS:\t    2048 kB\n")
-	if got := statusKiB(status, "VmHWM"); got != 12345 {
-		t.Errorf("VmHWM %d", got)
+func TestProcStatsReadsTheMemoryInBytesAndCountsTheFdsOfAProcess(t *testing.T) {
+	st, err := procStats(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := statusKiB(status, "VmRSS"); got != 2048 {
-		t.Errorf("VmRSS %d", got)
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := statusKiB(status, "VmSwap"); got != 0 {
-		t.Errorf("absent key: %d", got)
+	// ReadDir's own fd is open while it reads, not after.
+	if st.VmRSS < 1<<20 || st.VmHWM < st.VmRSS || st.FDs < 3 || st.FDs > len(fds) {
+		t.Errorf("procStats = %+v; want VmRSS of at least 1 MiB, VmHWM >= VmRSS, 3 to %d fds", st, len(fds))
+	}
+	if s := readSlab(); s.Total <= 0 || s.Unreclaimable <= 0 || s.Unreclaimable > s.Total {
+		t.Errorf("readSlab = %+v", s)
 	}
 }

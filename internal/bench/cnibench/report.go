@@ -293,12 +293,12 @@ func (r *Report) Markdown() string {
 		if v.Chained() {
 			continue
 		}
-		add, del := v.Add.WallSummary(), v.Del.WallSummary()
+		add, del := Percentile(v.Add.Wall, 50), Percentile(v.Del.Wall, 50)
 		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", v.Label,
-			fmtDur(add.P50), fmtDur(add.P99), fmtDur(del.P50), fmtDur(del.P99),
-			fmtDur(v.Add.CPUSummary().P50), fmtDur(v.Del.CPUSummary().P50),
+			fmtDur(add), fmtDur(Percentile(v.Add.Wall, 99)), fmtDur(del), fmtDur(Percentile(v.Del.Wall, 99)),
+			fmtDur(Percentile(v.Add.CPU, 50)), fmtDur(Percentile(v.Del.CPU, 50)),
 			rssOver(max(v.Add.MaxRSS, v.Del.MaxRSS), r.RSSFloor),
-			fmtRatio(Ratio(add.P50, refAdd)), fmtRatio(Ratio(del.P50, refDel)), v.AddFailures+v.DelFailures)
+			fmtRatio(Ratio(add, refAdd)), fmtRatio(Ratio(del, refDel)), v.AddFailures+v.DelFailures)
 	}
 	p("\n")
 
@@ -325,10 +325,9 @@ func (r *Report) Markdown() string {
 				return steps[i]
 			}
 			nAdd, nDel, bAdd, bDel := step(v.AddSteps, n), step(v.DelSteps, n), step(v.AddSteps, br), step(v.DelSteps, br)
-			add, del := v.Add.WallSummary(), v.Del.WallSummary()
 			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", v.Label,
-				fmtDur(add.P50), fmtDur(add.P99), fmtDur(Percentile(nAdd.Wall, 50)), fmtDur(Percentile(nAdd.Wall, 99)), fmtDur(Percentile(bAdd.Wall, 50)),
-				fmtDur(del.P50), fmtDur(del.P99), fmtDur(Percentile(nDel.Wall, 50)), fmtDur(Percentile(nDel.Wall, 99)), fmtDur(Percentile(bDel.Wall, 50)),
+				fmtDur(Percentile(v.Add.Wall, 50)), fmtDur(Percentile(v.Add.Wall, 99)), fmtDur(Percentile(nAdd.Wall, 50)), fmtDur(Percentile(nAdd.Wall, 99)), fmtDur(Percentile(bAdd.Wall, 50)),
+				fmtDur(Percentile(v.Del.Wall, 50)), fmtDur(Percentile(v.Del.Wall, 99)), fmtDur(Percentile(nDel.Wall, 50)), fmtDur(Percentile(nDel.Wall, 99)), fmtDur(Percentile(bDel.Wall, 50)),
 				rssOver(max(nAdd.MaxRSS, nDel.MaxRSS), r.RSSFloor), rssOver(max(bAdd.MaxRSS, bDel.MaxRSS), r.RSSFloor),
 				fmtRatio(Ratio(Percentile(nAdd.Wall, 50), refAdd)), fmtRatio(Ratio(Percentile(nDel.Wall, 50), refDel)), v.AddFailures+v.DelFailures)
 		}

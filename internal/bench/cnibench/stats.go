@@ -22,21 +22,6 @@ func Percentile(samples []time.Duration, p float64) time.Duration {
 	return sorted[rank-1]
 }
 
-// Summary condenses one series of latencies.
-type Summary struct {
-	N             int
-	P50, P99, Max time.Duration
-}
-
-// Summarize returns the summary of samples.
-func Summarize(samples []time.Duration) Summary {
-	s := Summary{N: len(samples), P50: Percentile(samples, 50), P99: Percentile(samples, 99)}
-	if len(samples) > 0 {
-		s.Max = slices.Max(samples)
-	}
-	return s
-}
-
 // Series is what the runs of one plugin exec (or one whole chain) gave.
 type Series struct {
 	Wall   []time.Duration
@@ -52,17 +37,6 @@ func (s *Series) Add(wall, cpu time.Duration, maxRSS int64) {
 	s.CPU = append(s.CPU, cpu)
 	s.MaxRSS = max(s.MaxRSS, maxRSS)
 }
-
-// Merge adds every run of o.
-func (s *Series) Merge(o Series) {
-	s.Wall = append(s.Wall, o.Wall...)
-	s.CPU = append(s.CPU, o.CPU...)
-	s.MaxRSS = max(s.MaxRSS, o.MaxRSS)
-	s.SysTotal += o.SysTotal
-}
-
-func (s *Series) WallSummary() Summary { return Summarize(s.Wall) }
-func (s *Series) CPUSummary() Summary  { return Summarize(s.CPU) }
 
 // Ratio is a/b, NaN when b is zero.
 func Ratio(a, b time.Duration) float64 {

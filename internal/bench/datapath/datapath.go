@@ -39,8 +39,10 @@ import (
 
 	mrand "math/rand/v2"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -60,13 +62,7 @@ type Mode struct {
 
 // qdiscBase is the mode with the kernel's root qdisc that a mode with its
 // own qdisc is compared with: "threaded+noqueue" -> "threaded".
-func qdiscBase(name string) (string, bool) {
-	base, ok := strings.CutSuffix(name, "+noqueue")
-	if !ok {
-		return "", false
-	}
-	return base, true
-}
+func qdiscBase(name string) (string, bool) { return strings.CutSuffix(name, "+noqueue") }
 
 func (m Mode) knobs() tapsetup.NAPIKnobs {
 	k := tapsetup.NAPIKnobs{Threaded: m.Threaded}
@@ -269,8 +265,6 @@ type options struct {
 	Out              string
 	WriterCPUs       []int
 	ReceiverCPUs     []int
-	Csum             string
-	Blocking         bool
 	MaxBacklog       int
 	FromJSON         string
 	ScaleTaps        int
@@ -311,8 +305,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json and the plots datapath-tcp.svg, datapath-udp.svg and datapath-h2g.svg")
 	wcpus := fs.String("writer-cpus", "0", "CPUs for the writers (writer i on entry i mod len)")
 	rcpus := fs.String("receiver-cpus", "", "CPUs for the receivers (default: the last CPU)")
-	fs.StringVar(&o.Csum, "csum", "full", "checksums of non-GSO frames: full (vnet header all zero, the kernel verifies) or partial (NEEDS_CSUM); GSO frames are always partial")
-	fs.BoolVar(&o.Blocking, "blocking", false, "write with blocking queue fds; VMMs use O_NONBLOCK, which takes tun_build_skb for frames up to a page")
 	fs.StringVar(&o.FromJSON, "from-json", "", "measure nothing: write the report from the datapath.json of earlier runs, comma-separated (cells measured in one run are only compared with each other)")
 	fs.IntVar(&o.ScaleTaps, "scale-taps", 0, "also measure threaded NAPI at scale: this many idle taps at once, NAPI against threaded NAPI, --runs rounds (0: not)")
 	fs.IntVar(&o.ScaleQueues, "scale-queues", 4, "queues of each --scale-taps tap")
@@ -368,8 +360,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--duration: at least 50ms")
 	case o.Runs < 1:
 		return o, errors.New("--runs: at least 1")
-	case o.Csum != "full" && o.Csum != "partial":
-		return o, fmt.Errorf("--csum %q: full or partial", o.Csum)
 	case o.MaxBacklog < 0:
 		return o, errors.New("--max-backlog: not negative")
 	case o.ScaleTaps < 0 || o.ScaleTaps > 1000 || o.ScaleQueues < 1 || o.ScaleQueues > 64:
@@ -628,7 +618,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 		return s, err
 	}
 	b.cells++
-	name := "napidp" + randomSuffix()
+	name := "napidp" + nstest.RandomSuffix()
 	s = Sample{Run: run, Mode: mode.Name, Size: size.Name, Queues: queues, Tap: name}
 
 	// No collection in the window; between cells, collect explicitly.
@@ -637,7 +627,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	// Room for every pinned worker plus the main goroutine.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.NumCPU(), 2*queues+2)))
 
-	tap, err := b.ns.createTap(name, mode, queues, !b.opts.Blocking, true)
+	tap, err := b.ns.createTap(name, mode, queues, true)
 	if err != nil {
 		return s, err
 	}
@@ -647,8 +637,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 		}
 	}()
 
-	c := &cellRun{b: b, tap: tap, size: size, listener: -1, start: time.Now(), tsBase: mrand.Uint32(),
-		partial: b.opts.Csum == "partial", blocking: b.opts.Blocking}
+	c := &cellRun{b: b, tap: tap, size: size, listener: -1, start: time.Now(), tsBase: mrand.Uint32()}
 	// Ports change from cell to cell, so nothing of the last cell's flows
 	// can be taken for this one's.
 	base := uint16(20000 + (b.cells*16)%20000)
@@ -660,7 +649,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 			if size.Proto == protoTCP {
 				f.guest = &guestTCP{iss: mrand.Uint32()}
 			} else {
-				f.response = buildUDPFrame(tap.mac, f.srcPort, f.dstPort, size.Payload, false)
+				f.response = buildUDPFrame(tap.mac, f.srcPort, f.dstPort, size.Payload)
 			}
 		case size.Proto == protoUDP:
 			f.dstPort = 9000 + uint16(i)
@@ -822,8 +811,8 @@ type snapshot struct {
 	paced, blocked, acks       uint64
 	rxPackets, rxBytes         uint64
 	qdisc                      string
-	machine                    cpuTimes
-	perCPU                     []cpuTimes
+	machine                    procfs.CPUStat
+	perCPU                     []procfs.CPUStat
 	wU, wS, rU, rS, kU, kS     uint64
 	net                        map[string]uint64
 }
@@ -913,8 +902,7 @@ func (s *Sample) derive() {
 	ours := s.Writer.User + s.Writer.Sys + s.Receiver.User + s.Receiver.Sys + s.NAPIThreads.User + s.NAPIThreads.Sys
 	s.OtherCores = max(0, s.Machine.busy()-ours)
 	if s.RxPackets > 0 && s.PPS > 0 {
-		tot := s.Writer.User + s.Writer.Sys + s.Receiver.User + s.Receiver.Sys + s.NAPIThreads.User + s.NAPIThreads.Sys
-		s.CPUPerFrameUs = tot * 1e6 / s.PPS
+		s.CPUPerFrameUs = ours * 1e6 / s.PPS
 	}
 	if s.TxFrames > 0 && s.TxPPS > 0 {
 		s.WriterPerFrameUs = (s.Writer.User + s.Writer.Sys) * 1e6 / s.TxPPS
@@ -939,21 +927,15 @@ func machineInfo() MachineInfo {
 	if unix.Uname(&u) == nil {
 		m.Kernel = fmt.Sprintf("Linux %s %s", unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
-	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(raw), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if cpus, err := fs.CPUInfo(); err == nil && len(cpus) > 0 {
+			m.CPU = cpus[0].ModelName
+			if slices.Contains(cpus[0].Flags, "hypervisor") {
+				m.Virtualized = "yes (cpuinfo flag hypervisor)"
 			}
 		}
-		if strings.Contains(string(raw), " hypervisor") {
-			m.Virtualized = "yes (cpuinfo flag hypervisor)"
-		}
-	}
-	if raw, err := os.ReadFile("/proc/meminfo"); err == nil {
-		var kb float64
-		if _, err := fmt.Sscanf(string(raw), "MemTotal: %f kB", &kb); err == nil {
-			m.MemoryGiB = kb / (1 << 20)
+		if mi, err := fs.Meminfo(); err == nil && mi.MemTotal != nil {
+			m.MemoryGiB = float64(*mi.MemTotal) / (1 << 20)
 		}
 	}
 	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
@@ -984,14 +966,6 @@ func commandLine(args []string) string {
 }
 
 func settings(o options) []string {
-	csum := "full checksums, all-zero vnet header (CHECKSUM_NONE: the kernel verifies them)"
-	if o.Csum == "partial" {
-		csum = "NEEDS_CSUM with csum_start/csum_offset (CHECKSUM_PARTIAL: nobody verifies them on local delivery)"
-	}
-	fds := "O_NONBLOCK, as Cloud Hypervisor, Firecracker and QEMU open them (frames up to a page take tun_build_skb)"
-	if o.Blocking {
-		fds = "blocking (frames take tun_alloc_skb)"
-	}
 	var modes []string
 	for _, m := range o.Modes {
 		modes = append(modes, fmt.Sprintf("`%s`: %s", m.Name, m.describe()))
@@ -1002,8 +976,8 @@ func settings(o options) []string {
 	}
 	return []string{
 		fmt.Sprintf("%d runs, %s measured after %s of traffic, every cell on a fresh tap; modes interleaved within a run, their order rotated from run to run", o.Runs, o.Duration, o.Warmup),
-		"writer = the VMM: 12-byte virtio-net header (TUNSETVNETHDRSZ 12), one frame per write(2); queue fds " + fds,
-		"non-GSO frames: " + csum + "; GSO frames: gso_type TCPV4, gso_size 1448, NEEDS_CSUM, hdr_len 66",
+		"writer = the VMM: 12-byte virtio-net header (TUNSETVNETHDRSZ 12), one frame per write(2); queue fds O_NONBLOCK, as Cloud Hypervisor, Firecracker and QEMU open them (frames up to a page take tun_build_skb)",
+		"non-GSO frames: full checksums, all-zero vnet header (CHECKSUM_NONE: the kernel verifies them); GSO frames: gso_type TCPV4, gso_size 1448, NEEDS_CSUM, hdr_len 66",
 		"TCP: the writer is the peer (SYN, SYN-ACK read from the tap, ACK), sends in order within the advertised window (ACKs read back from the tap fd), timestamps on (1 ms clock), ACK flag only; the receiver is a socket from accept(2) reading 512 KiB at a time, its buffer autotuned",
 		fmt.Sprintf("UDP: the receiver uses recvmmsg(2), 64 datagrams per call, SO_RCVBUF %d MiB; a writer waits when more than %d of its frames are neither received nor dropped (0: never)", udpRcvBuf>>20, o.MaxBacklog),
 		fmt.Sprintf("writers pinned to CPU(s) %v, receivers to CPU(s) %v (writer/receiver i on entry i mod n); threaded-NAPI kernel threads are left to the scheduler", o.WriterCPUs, o.ReceiverCPUs),

@@ -105,9 +105,19 @@ func l4Check(frame []byte) uint16 {
 	return inet.Checksum(l4, inet.PseudoHeaderSum(ip[12:16], ip[16:20], ip[9], len(l4)))
 }
 
+func parseVnetHdr(b []byte) vnetHdr {
+	return vnetHdr{
+		flags: b[0], gsoType: b[1],
+		hdrLen:     binary.NativeEndian.Uint16(b[2:]),
+		gsoSize:    binary.NativeEndian.Uint16(b[4:]),
+		csumStart:  binary.NativeEndian.Uint16(b[6:]),
+		csumOffset: binary.NativeEndian.Uint16(b[8:]),
+	}
+}
+
 func TestUDPFrame(t *testing.T) {
 	for _, n := range []int{1, 64, 512, 1472} {
-		f := buildUDPFrame(tapMAC, 1000, 9000, n, false)
+		f := buildUDPFrame(tapMAC, 1000, 9000, n)
 		if len(f) != vnetHdrLen+ethHdrLen+ipHdrLen+udpHdrLen+n {
 			t.Fatalf("payload %d: frame of %d bytes", n, len(f))
 		}
@@ -123,26 +133,12 @@ func TestUDPFrame(t *testing.T) {
 		if c := l4Check(f); c != 0 {
 			t.Errorf("payload %d: UDP checksum does not check: %#04x", n, c)
 		}
-
-		p := buildUDPFrame(tapMAC, 1000, 9000, n, true)
-		h := parseVnetHdr(p)
-		if h.flags != vnetFlagNeedsCsum || h.csumStart != ethHdrLen+ipHdrLen || h.csumOffset != 6 {
-			t.Errorf("payload %d, partial: vnet header %+v", n, h)
-		}
-		// What the host does with NEEDS_CSUM: sum from csum_start, store
-		// at csum_start+csum_offset. The result must check.
-		l4 := p[l4Off:]
-		c := inet.Checksum(l4, 0)
-		binary.BigEndian.PutUint16(l4[6:], c)
-		if r := l4Check(p); r != 0 {
-			t.Errorf("payload %d, partial: completed UDP checksum does not check: %#04x", n, r)
-		}
 	}
 }
 
 func TestTCPSegments(t *testing.T) {
 	for _, ts := range []bool{true, false} {
-		s := newTCPSegmenter(tapMAC, 40000, 5201, tcpMSS, ts, false, false)
+		s := newTCPSegmenter(tapMAC, 40000, 5201, tcpMSS, ts, false)
 		for i, seq := range []uint32{1, 0xfffffff0, 12345678} {
 			f := s.segment(seq, 77, 1000+uint32(i), 555, tcpMSS)
 			if c := inet.Checksum(f[l3Off:l4Off], 0); c != 0 {
@@ -162,7 +158,7 @@ func TestTCPSegments(t *testing.T) {
 	}
 
 	payload := 45 * tcpMSS
-	g := newTCPSegmenter(tapMAC, 40000, 5201, payload, true, true, false)
+	g := newTCPSegmenter(tapMAC, 40000, 5201, payload, true, true)
 	for _, n := range []int{payload, 3 * tcpMSS} {
 		f := g.segment(9, 10, 11, 12, n)
 		h := parseVnetHdr(f)
@@ -182,7 +178,7 @@ func TestTCPSegments(t *testing.T) {
 }
 
 func TestAUDPFrameParsesToItsPortAndPayload(t *testing.T) {
-	f := buildUDPFrame(tapMAC, 1000, 9000, 64, false)
+	f := buildUDPFrame(tapMAC, 1000, 9000, 64)
 	if port, n, ok := parseUDP(f); !ok || port != 9000 || n != 64 {
 		t.Errorf("parseUDP = %d, %d, %v; want 9000, 64, true", port, n, ok)
 	}
@@ -236,7 +232,7 @@ func TestParseSynAck(t *testing.T) {
 	if c := l4Check(f); c != 0 {
 		t.Errorf("SYN-ACK checksum does not check")
 	}
-	if _, ok := parseTCP(buildUDPFrame(tapMAC, 1, 2, 64, false)); ok {
+	if _, ok := parseTCP(buildUDPFrame(tapMAC, 1, 2, 64)); ok {
 		t.Errorf("a UDP frame parsed as TCP")
 	}
 	if _, ok := parseTCP(f[:l4Off+10]); ok {
@@ -245,28 +241,31 @@ func TestParseSynAck(t *testing.T) {
 }
 
 func TestProcParsers(t *testing.T) {
-	dev := []byte("Inter-|   Receive                            |  Transmit\n" +
-		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n" +
-		"    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n" +
-		"napidp0a1b2c: 1234567   8910    0    0    0     0          0         0      420       7    0    3    0     0       0          0\n")
-	if v, ok := devCounters(dev, "napidp0a1b2c"); !ok || v[1] != 8910 || v[9] != 7 || v[11] != 3 {
-		t.Errorf("devCounters = %v, %v; want rx packets 8910, tx packets 7, tx drop 3", v, ok)
-	}
-	if _, ok := devCounters(dev, "napidp"); ok {
-		t.Errorf("devCounters matched a prefix")
-	}
 	m := map[string]uint64{}
 	parseNetstat([]byte("Ip: Forwarding InReceives\nIp: 1 42\nUdp: InDatagrams RcvbufErrors\nUdp: 7 3\n"), m)
 	if m["Ip.InReceives"] != 42 || m["Udp.RcvbufErrors"] != 3 || m["Udp.InDatagrams"] != 7 {
 		t.Errorf("parseNetstat = %v", m)
 	}
-	stat := []byte("1234 (napi/napidp0a (x)) S 2 0 0 0 -1 2129984 0 0 0 0 17 42 0 0 20 0 1 0 5 0 0\n")
-	f := filepath.Join(t.TempDir(), "stat")
-	if err := os.WriteFile(f, stat, 0o644); err != nil {
-		t.Fatal(err)
+	all, per, err := readProcStat()
+	if err != nil || len(per) != runtime.NumCPU() || all.Idle <= 0 {
+		t.Errorf("readProcStat: %d CPUs, all %+v, %v; want %d CPUs", len(per), all, err, runtime.NumCPU())
 	}
-	if u, s, err := taskTimes(f); err != nil || u != 17 || s != 42 {
-		t.Errorf("taskTimes = %d, %d, %v; want 17, 42", u, s, err)
+	if c := split(all, all, 2); c != (CPUSplit{}) {
+		t.Errorf("split over no time = %+v", c)
+	}
+	// A thread that spins gets ticks; a thread of no one's counts none.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if u, s := threadTicks([]int{unix.Gettid()}); u+s > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("threadTicks of a spinning thread stays 0")
+		}
+	}
+	if u, s := pidTicks([]int{0, 1 << 30}); u+s != 0 {
+		t.Errorf("pidTicks of no process = %d, %d", u, s)
 	}
 }
 

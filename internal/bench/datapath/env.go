@@ -3,8 +3,6 @@ package datapath
 import (
 	"bufio"
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -17,17 +15,14 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
-
-func randomSuffix() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // podNetns is the pod network namespace of a benchmark: a named netns
 // "napitap-dp-<random>" that lives as long as the benchmark.
@@ -37,7 +32,7 @@ type podNetns struct {
 }
 
 func newPodNetns() (*podNetns, error) {
-	name := "napitap-dp-" + randomSuffix()
+	name := "napitap-dp-" + nstest.RandomSuffix()
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}
@@ -51,8 +46,9 @@ func newPodNetns() (*podNetns, error) {
 			return err
 		}
 		// Taps inherit "default"; "all" is or-ed with the device's value.
+		// /proc/sys/net is the netns of the calling thread, hence do.
 		for _, k := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
-			if err := writeSysctl(k, "0"); err != nil {
+			if _, err := sysctl.Sysctl(k, "0"); err != nil {
 				return err
 			}
 		}
@@ -80,15 +76,6 @@ func (p *podNetns) close() error {
 	return nil
 }
 
-// writeSysctl writes /proc/sys/<key>. /proc/sys/net resolves to the netns
-// of the calling thread, so callers run it under do.
-func writeSysctl(key, value string) error {
-	if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
-	}
-	return nil
-}
-
 // linkGone reports whether no link called name is left in the netns.
 func (p *podNetns) linkGone(name string) (bool, error) {
 	gone := false
@@ -106,64 +93,38 @@ func (p *podNetns) linkGone(name string) (bool, error) {
 
 // netstat reads /proc/net/snmp and /proc/net/netstat of the netns as
 // "Group.Counter" -> value. /proc/thread-self follows the calling thread's
-// netns, /proc/self that of the main thread.
-// With tap set, "Tap.*" are the tap's /proc/net/dev counters (frames it
-// took from its queues, transmitted and dropped on transmit) and "Qdisc.*"
-// its root qdisc's drops and requeues, read right after the others so
-// that the counters describe the same moment; qdisc is the root qdisc's
-// kind, with its children's.
+// netns, /proc/self that of the main thread. "Tap.*" are the tap's
+// /proc/net/dev counters (frames it took from its queues, transmitted and
+// dropped on transmit) and "Qdisc.*" its root qdisc's drops and requeues,
+// read right after the others so that the counters describe the same
+// moment; qdisc is the root qdisc's kind, with its children's.
 func (p *podNetns) netstat(tap string) (m map[string]uint64, qdisc string, err error) {
 	m = map[string]uint64{}
 	err = p.do(func() error {
-		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat", "/proc/thread-self/net/dev"} {
+		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat"} {
 			raw, err := os.ReadFile(f)
 			if err != nil {
 				return err
 			}
-			if strings.HasSuffix(f, "/dev") {
-				if tap != "" {
-					v, ok := devCounters(raw, tap)
-					if !ok {
-						return fmt.Errorf("%s: no line for %s", f, tap)
-					}
-					m["Tap.RxPackets"], m["Tap.TxPackets"], m["Tap.TxDropped"] = v[1], v[9], v[11]
-				}
-				continue
-			}
 			parseNetstat(raw, m)
 		}
-		if tap == "" {
-			return nil
+		fs, err := procfs.NewFS("/proc/thread-self")
+		if err != nil {
+			return err
 		}
+		devs, err := fs.NetDev()
+		if err != nil {
+			return err
+		}
+		d, ok := devs[tap]
+		if !ok {
+			return fmt.Errorf("/proc/thread-self/net/dev: no line for %s", tap)
+		}
+		m["Tap.RxPackets"], m["Tap.TxPackets"], m["Tap.TxDropped"] = d.RxPackets, d.TxPackets, d.TxDropped
 		qdisc, err = qdiscCounters(tap, m)
 		return err
 	})
 	return m, qdisc, err
-}
-
-// devCounters finds the line of dev in /proc/net/dev: rx bytes, packets,
-// errs, drop, fifo, frame, compressed, multicast, then tx bytes, packets,
-// errs, drop, ...
-func devCounters(raw []byte, dev string) ([]uint64, bool) {
-	for _, l := range strings.Split(string(raw), "\n") {
-		name, rest, ok := strings.Cut(l, ":")
-		if !ok || strings.TrimSpace(name) != dev {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 16 {
-			return nil, false
-		}
-		v := make([]uint64, len(f))
-		for i := range f {
-			var err error
-			if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
-				return nil, false
-			}
-		}
-		return v, true
-	}
-	return nil, false
 }
 
 // qdiscCounters adds the drops and requeues of tap's root qdisc (mq sums
@@ -238,7 +199,7 @@ type podTap struct {
 // only then), sets mode's root qdisc while it is down, and, with
 // addressed, gives it the pod address and a permanent neighbour entry for
 // the writer.
-func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addressed bool) (t *podTap, err error) {
+func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool) (t *podTap, err error) {
 	flags := tapsetup.QueueFlags{MultiQueue: queues > 1, VnetHdr: true, NAPI: mode.NAPI, NAPIFrags: mode.Frags}
 	if err := tapsetup.CheckFeatures(flags); err != nil {
 		return nil, err
@@ -270,7 +231,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addre
 	}
 	for _, q := range t.queues {
 		fd := int(q.Fd())
-		if err := unix.SetNonblock(fd, nonblock); err != nil {
+		if err := unix.SetNonblock(fd, true); err != nil {
 			return t, fmt.Errorf("tap %q: O_NONBLOCK: %w", name, err)
 		}
 		t.fds = append(t.fds, fd)
@@ -281,7 +242,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, nonblock, addre
 			// No router solicitations or DAD on the writer's queues.
 			{"net/ipv6/conf/" + name + "/disable_ipv6", "1"},
 		} {
-			if err := writeSysctl(kv[0], kv[1]); err != nil {
+			if _, err := sysctl.Sysctl(kv[0], kv[1]); err != nil {
 				return err
 			}
 		}

@@ -30,13 +30,11 @@ const (
 	maxGSOPayload = 0xffff - ipHdrLen - tcpTSLen
 
 	vnetFlagNeedsCsum = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM
-	vnetGSONone       = 0
 	vnetGSOTCPv4      = 1 // VIRTIO_NET_HDR_GSO_TCPV4
 
 	tcpFIN = 0x01
 	tcpSYN = 0x02
 	tcpRST = 0x04
-	tcpPSH = 0x08
 	tcpACK = 0x10
 
 	// ourWScale is the window scale the guest side announces: 0xffff << 7,
@@ -76,16 +74,6 @@ func (h vnetHdr) put(b []byte) {
 	binary.NativeEndian.PutUint16(b[6:], h.csumStart)
 	binary.NativeEndian.PutUint16(b[8:], h.csumOffset)
 	binary.NativeEndian.PutUint16(b[10:], 0)
-}
-
-func parseVnetHdr(b []byte) vnetHdr {
-	return vnetHdr{
-		flags: b[0], gsoType: b[1],
-		hdrLen:     binary.NativeEndian.Uint16(b[2:]),
-		gsoSize:    binary.NativeEndian.Uint16(b[4:]),
-		csumStart:  binary.NativeEndian.Uint16(b[6:]),
-		csumOffset: binary.NativeEndian.Uint16(b[8:]),
-	}
 }
 
 // putEthIPv4 writes the Ethernet and IPv4 headers at b[vnetHdrLen:] for an
@@ -140,11 +128,9 @@ func payloadBytes(n int) []byte {
 }
 
 // buildUDPFrame returns a complete write(2) buffer: vnet header and one UDP
-// datagram of payloadLen bytes to the pod. With partial, the checksum is
-// left to the host (NEEDS_CSUM, CHECKSUM_PARTIAL in the kernel); else it is
-// complete and the vnet header is all zero (CHECKSUM_NONE: the kernel
-// verifies it).
-func buildUDPFrame(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payloadLen int, partial bool) []byte {
+// datagram of payloadLen bytes to the pod. The checksum is complete and the
+// vnet header all zero (CHECKSUM_NONE: the kernel verifies it).
+func buildUDPFrame(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payloadLen int) []byte {
 	l4Len := udpHdrLen + payloadLen
 	b := make([]byte, l4Off+l4Len)
 	putEthIPv4(b, dstMAC, unix.IPPROTO_UDP, 1, l4Len)
@@ -153,18 +139,12 @@ func buildUDPFrame(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payloadLen 
 	binary.BigEndian.PutUint16(udp[2:], dstPort)
 	binary.BigEndian.PutUint16(udp[4:], uint16(l4Len))
 	copy(udp[udpHdrLen:], payloadBytes(payloadLen))
-	if partial {
-		vnetHdr{flags: vnetFlagNeedsCsum, hdrLen: uint16(ethHdrLen + ipHdrLen + udpHdrLen),
-			csumStart: ethHdrLen + ipHdrLen, csumOffset: 6}.put(b)
-		binary.BigEndian.PutUint16(udp[6:], partialCsum(unix.IPPROTO_UDP, l4Len))
-	} else {
-		vnetHdr{}.put(b)
-		c := inet.Checksum(udp, pseudoSum(unix.IPPROTO_UDP, l4Len))
-		if c == 0 {
-			c = 0xffff
-		}
-		binary.BigEndian.PutUint16(udp[6:], c)
+	vnetHdr{}.put(b)
+	c := inet.Checksum(udp, pseudoSum(unix.IPPROTO_UDP, l4Len))
+	if c == 0 {
+		c = 0xffff
 	}
+	binary.BigEndian.PutUint16(udp[6:], c)
 	return b
 }
 
@@ -212,15 +192,14 @@ type tcpSegmenter struct {
 	buf        []byte
 	thl        int  // TCP header length: 32 with timestamps, else 20
 	ts         bool // timestamps negotiated
-	gso        bool // 64 KB frames with a GSO vnet header
-	partial    bool // NEEDS_CSUM instead of a full checksum
+	gso        bool // 64 KB frames with a GSO vnet header, NEEDS_CSUM
 	payloadSum uint32
 	fullLen    int // payload of a full frame
 	ipID       uint16
 }
 
-func newTCPSegmenter(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payload int, ts, gso, partial bool) *tcpSegmenter {
-	s := &tcpSegmenter{thl: tcpHdrLen, ts: ts, gso: gso, partial: partial || gso, fullLen: payload}
+func newTCPSegmenter(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payload int, ts, gso bool) *tcpSegmenter {
+	s := &tcpSegmenter{thl: tcpHdrLen, ts: ts, gso: gso, fullLen: payload}
 	if ts {
 		s.thl = tcpTSLen
 	}
@@ -241,13 +220,9 @@ func newTCPSegmenter(dstMAC net.HardwareAddr, srcPort, dstPort uint16, payload i
 		copy(tcp[tcpHdrLen:], []byte{1, 1, 8, 10})
 	}
 	h := vnetHdr{}
-	if s.partial {
-		h = vnetHdr{flags: vnetFlagNeedsCsum, hdrLen: uint16(ethHdrLen + ipHdrLen + s.thl),
-			csumStart: ethHdrLen + ipHdrLen, csumOffset: 16}
-	}
 	if gso {
-		h.gsoType = vnetGSOTCPv4
-		h.gsoSize = tcpMSS
+		h = vnetHdr{flags: vnetFlagNeedsCsum, gsoType: vnetGSOTCPv4, hdrLen: uint16(ethHdrLen + ipHdrLen + s.thl),
+			gsoSize: tcpMSS, csumStart: ethHdrLen + ipHdrLen, csumOffset: 16}
 	}
 	h.put(s.buf)
 	return s
@@ -273,7 +248,7 @@ func (s *tcpSegmenter) segment(seq, ack, tsval, tsecr uint32, n int) []byte {
 		binary.BigEndian.PutUint32(tcp[24:], tsval)
 		binary.BigEndian.PutUint32(tcp[28:], tsecr)
 	}
-	if s.partial {
+	if s.gso {
 		binary.BigEndian.PutUint16(tcp[16:], partialCsum(unix.IPPROTO_TCP, l4Len))
 	} else {
 		// The payload never changes: only the header is summed per frame.

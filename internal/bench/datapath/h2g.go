@@ -163,7 +163,7 @@ func (c *cellRun) guestSegment(fd int, f *flow, t tcpInfo) bool {
 		if t.flags&tcpACK == 0 {
 			// A SYN, or its retransmission: answer it the same way.
 			g.synSeen, g.rcvNxt, g.tsRecent = true, t.seq+1, t.tsval
-			g.ack = newTCPSegmenter(c.tap.mac, f.srcPort, f.dstPort, 0, t.hasTS, false, false)
+			g.ack = newTCPSegmenter(c.tap.mac, f.srcPort, f.dstPort, 0, t.hasTS, false)
 			synAck := tcpControl(c.tap.mac, f.srcPort, f.dstPort, g.iss, g.rcvNxt, tcpSYN|tcpACK, synOptions(c.tsval(), t.tsval))
 			if _, err := writeFrame(fd, synAck, nil); err != nil {
 				c.fail(fmt.Errorf("flow %d: write SYN-ACK: %w", f.idx, err))

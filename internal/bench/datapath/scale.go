@@ -1,15 +1,14 @@
 package datapath
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/napitap/napitap/internal/nstest"
 )
 
 // Threaded NAPI at scale: a node with 110 VM pods of 4 queues has 440 NAPI
@@ -67,7 +66,7 @@ func (b *bench) scale(ctx context.Context) (*ScaleResults, error) {
 
 func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSample, err error) {
 	s = ScaleSample{Round: round, Mode: mode.Name}
-	prefix := "nsc" + randomSuffix()
+	prefix := "nsc" + nstest.RandomSuffix()
 	sleep := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
@@ -79,7 +78,7 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	if err := sleep(time.Second); err != nil { // let the last round's frees settle
 		return s, err
 	}
-	m0, err := meminfo()
+	slab0, sunr0, kstack0, err := meminfo()
 	if err != nil {
 		return s, err
 	}
@@ -93,7 +92,7 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	}()
 	start := time.Now()
 	for i := range b.opts.ScaleTaps {
-		t, err := b.ns.createTap(fmt.Sprintf("%s%03d", prefix, i), mode, b.opts.ScaleQueues, true, false)
+		t, err := b.ns.createTap(fmt.Sprintf("%s%03d", prefix, i), mode, b.opts.ScaleQueues, false)
 		if err != nil {
 			return s, err
 		}
@@ -106,11 +105,11 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	if err := sleep(time.Second); err != nil {
 		return s, err
 	}
-	m1, err := meminfo()
+	slab1, sunr1, kstack1, err := meminfo()
 	if err != nil {
 		return s, err
 	}
-	s.SlabKiB, s.SUnreclaimKiB, s.KernelStackKiB = m1["Slab"]-m0["Slab"], m1["SUnreclaim"]-m0["SUnreclaim"], m1["KernelStack"]-m0["KernelStack"]
+	s.SlabKiB, s.SUnreclaimKiB, s.KernelStackKiB = slab1-slab0, sunr1-sunr0, kstack1-kstack0
 
 	threads := napiThreads(prefix)
 	s.Threads = len(threads)
@@ -125,34 +124,33 @@ func (b *bench) scaleRound(ctx context.Context, round int, mode Mode) (s ScaleSa
 	return s, nil
 }
 
-// meminfo reads /proc/meminfo in KiB.
-func meminfo() (map[string]int64, error) {
-	raw, err := os.ReadFile("/proc/meminfo")
+// meminfo reads Slab, SUnreclaim and KernelStack from /proc/meminfo, in
+// KiB.
+func meminfo() (slab, sunreclaim, kstack int64, err error) {
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
-	m := map[string]int64{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if f := strings.Fields(v); ok && len(f) > 0 {
-			m[k], _ = strconv.ParseInt(f[0], 10, 64)
+	m, err := fs.Meminfo()
+	kib := func(v *uint64) int64 {
+		if v == nil {
+			return 0
 		}
+		return int64(*v)
 	}
-	return m, nil
+	return kib(m.Slab), kib(m.SUnreclaim), kib(m.KernelStack), err
 }
 
 // schedstats sums, over the given threads, how often each was put on a
-// CPU and its run time in ns (/proc/<pid>/schedstat: run time, wait time,
-// timeslices). Threads gone meanwhile count nothing.
+// CPU and its run time in ns (/proc/<pid>/schedstat). Threads gone
+// meanwhile count nothing.
 func schedstats(pids []int) (runs, cpuNs uint64) {
 	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-		if f := strings.Fields(string(raw)); err == nil && len(f) == 3 {
-			ns, _ := strconv.ParseUint(f[0], 10, 64)
-			n, _ := strconv.ParseUint(f[2], 10, 64)
-			runs += n
-			cpuNs += ns
+		if p, err := procfs.NewProc(pid); err == nil {
+			if st, err := p.Schedstat(); err == nil {
+				runs += st.RunTimeslices
+				cpuNs += st.RunningNanoseconds
+			}
 		}
 	}
 	return runs, cpuNs

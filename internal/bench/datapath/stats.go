@@ -1,53 +1,32 @@
 package datapath
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"os"
-	"path/filepath"
+	"maps"
 	"slices"
-	"strconv"
 	"strings"
+
+	"github.com/prometheus/procfs"
 )
 
-// userHZ is the unit of /proc/stat and /proc/<pid>/stat times (USER_HZ,
-// 100 on every Linux architecture napitap runs on).
+// userHZ is the unit of /proc/<pid>/stat times (USER_HZ, 100 on every
+// Linux architecture napitap runs on).
 const userHZ = 100
 
-// cpuTimes is one line of /proc/stat, in USER_HZ ticks.
-type cpuTimes struct {
-	User, Nice, System, Idle, IOWait, IRQ, SoftIRQ, Steal uint64
-}
-
-func (t cpuTimes) total() uint64 {
-	return t.User + t.Nice + t.System + t.Idle + t.IOWait + t.IRQ + t.SoftIRQ + t.Steal
-}
-
-// readProcStat returns the machine's "cpu" line and the per-CPU lines.
-func readProcStat() (all cpuTimes, per []cpuTimes, err error) {
-	raw, err := os.ReadFile("/proc/stat")
+// readProcStat returns the machine's "cpu" line of /proc/stat and the
+// per-CPU lines, in seconds.
+func readProcStat() (all procfs.CPUStat, per []procfs.CPUStat, err error) {
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return all, nil, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 9 || !strings.HasPrefix(f[0], "cpu") {
-			continue
-		}
-		var v [8]uint64
-		for i := range v {
-			v[i], _ = strconv.ParseUint(f[i+1], 10, 64)
-		}
-		t := cpuTimes{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}
-		if f[0] == "cpu" {
-			all = t
-		} else {
-			per = append(per, t)
-		}
+	st, err := fs.Stat()
+	if err != nil {
+		return all, nil, err
 	}
-	return all, per, nil
+	for _, cpu := range slices.Sorted(maps.Keys(st.CPU)) {
+		per = append(per, st.CPU[cpu])
+	}
+	return st.CPUTotal, per, nil
 }
 
 // CPUSplit is CPU time over a window, in cores (1.0 = one CPU busy for the
@@ -64,19 +43,22 @@ type CPUSplit struct {
 func (s CPUSplit) busy() float64 { return s.User + s.Sys + s.SoftIRQ + s.IRQ }
 
 // split turns a /proc/stat delta over cpus CPUs into cores.
-func split(a, b cpuTimes, cpus int) CPUSplit {
-	tot := float64(b.total() - a.total())
+func split(a, b procfs.CPUStat, cpus int) CPUSplit {
+	total := func(t procfs.CPUStat) float64 {
+		return t.User + t.Nice + t.System + t.Idle + t.Iowait + t.IRQ + t.SoftIRQ + t.Steal
+	}
+	tot := total(b) - total(a)
 	if tot <= 0 {
 		return CPUSplit{}
 	}
 	k := float64(cpus) / tot
 	return CPUSplit{
-		User:    float64(b.User+b.Nice-a.User-a.Nice) * k,
-		Sys:     float64(b.System-a.System) * k,
-		SoftIRQ: float64(b.SoftIRQ-a.SoftIRQ) * k,
-		IRQ:     float64(b.IRQ-a.IRQ) * k,
-		Idle:    float64(b.Idle+b.IOWait-a.Idle-a.IOWait) * k,
-		Steal:   float64(b.Steal-a.Steal) * k,
+		User:    (b.User + b.Nice - a.User - a.Nice) * k,
+		Sys:     (b.System - a.System) * k,
+		SoftIRQ: (b.SoftIRQ - a.SoftIRQ) * k,
+		IRQ:     (b.IRQ - a.IRQ) * k,
+		Idle:    (b.Idle + b.Iowait - a.Idle - a.Iowait) * k,
+		Steal:   (b.Steal - a.Steal) * k,
 	}
 }
 
@@ -88,44 +70,29 @@ type ThreadCPU struct {
 	Sys  float64 `json:"sys"`
 }
 
-// taskTimes reads utime and stime (ticks) of /proc/<pid>/task/<tid>/stat or
-// /proc/<pid>/stat.
-func taskTimes(path string) (utime, stime uint64, err error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, err
-	}
-	// The command name may hold spaces and parentheses: fields count from
-	// the last ')'. After it: state is field 3, utime 14, stime 15.
-	i := bytes.LastIndexByte(raw, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("%s: unexpected format", path)
-	}
-	f := strings.Fields(string(raw[i+1:]))
-	if len(f) < 13 {
-		return 0, 0, fmt.Errorf("%s: unexpected format", path)
-	}
-	utime, _ = strconv.ParseUint(f[11], 10, 64)
-	stime, _ = strconv.ParseUint(f[12], 10, 64)
-	return utime, stime, nil
-}
-
-// threadTicks sums utime and stime of the given threads of this process.
+// threadTicks sums utime and stime (ticks) of the given threads of this
+// process.
 func threadTicks(tids []int) (u, s uint64) {
-	return ticks(fmt.Sprintf("/proc/%d/task/%%d/stat", os.Getpid()), tids)
+	self, err := procfs.Self()
+	if err != nil {
+		return 0, 0
+	}
+	return ticks(tids, self.Thread)
 }
 
 // pidTicks sums utime and stime of the given processes (kernel threads).
-func pidTicks(pids []int) (u, s uint64) { return ticks("/proc/%d/stat", pids) }
+func pidTicks(pids []int) (u, s uint64) { return ticks(pids, procfs.NewProc) }
 
-func ticks(pathFormat string, ids []int) (u, s uint64) {
+func ticks(ids []int, proc func(int) (procfs.Proc, error)) (u, s uint64) {
 	for _, id := range ids {
 		if id <= 0 {
 			continue
 		}
-		if ut, st, err := taskTimes(fmt.Sprintf(pathFormat, id)); err == nil {
-			u += ut
-			s += st
+		if p, err := proc(id); err == nil {
+			if st, err := p.Stat(); err == nil {
+				u += uint64(st.UTime)
+				s += uint64(st.STime)
+			}
 		}
 	}
 	return u, s
@@ -138,15 +105,11 @@ func napiThreads(tap string) []int {
 	if len(prefix) > 15 {
 		prefix = prefix[:15]
 	}
+	procs, _ := procfs.AllProcs()
 	var pids []int
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		comm, err := os.ReadFile(filepath.Join(d, "comm"))
-		if err != nil || !strings.HasPrefix(string(comm), prefix) {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(d)); err == nil {
-			pids = append(pids, pid)
+	for _, p := range procs {
+		if comm, err := p.Comm(); err == nil && strings.HasPrefix(comm, prefix) {
+			pids = append(pids, p.PID)
 		}
 	}
 	return pids

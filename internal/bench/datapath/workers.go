@@ -97,8 +97,6 @@ type cellRun struct {
 	listener int
 	start    time.Time
 	tsBase   uint32
-	partial  bool
-	blocking bool
 
 	// stopWriters stops the side that sends (the VMM's writers, or the
 	// pod's senders), stopReceivers the other, once the senders stopped.
@@ -318,13 +316,7 @@ func (c *cellRun) ingest(frame []byte) {
 
 // drain reads and ingests whatever the kernel has sent out of queue fd.
 func (c *cellRun) drain(fd int, buf []byte) {
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
-		if c.blocking {
-			if n, err := unix.Poll(pfd, 0); err != nil || n == 0 {
-				return
-			}
-		}
 		n, err := unix.Read(fd, buf)
 		if err != nil || n <= 0 {
 			return
@@ -395,7 +387,7 @@ func (c *cellRun) handshakes(dstMAC net.HardwareAddr) error {
 // GSO frame) per write(2), within the window the kernel advertises.
 func (c *cellRun) writeTCP(f *flow) {
 	st := f.tcp
-	seg := newTCPSegmenter(c.tap.mac, f.srcPort, f.dstPort, c.size.Payload, st.ts, c.size.GSO, c.partial)
+	seg := newTCPSegmenter(c.tap.mac, f.srcPort, f.dstPort, c.size.Payload, st.ts, c.size.GSO)
 	fd := f.queueFD
 	buf := make([]byte, 1<<17)
 	pfdIn := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
@@ -498,7 +490,7 @@ func (c *cellRun) receiveTCP(f *flow) {
 // are neither received nor dropped, so a run cannot eat the machine's
 // memory. Plain queues process each write before it returns and never wait.
 func (c *cellRun) writeUDP(f *flow) {
-	frame := buildUDPFrame(c.tap.mac, f.srcPort, f.dstPort, c.size.Payload, c.partial)
+	frame := buildUDPFrame(c.tap.mac, f.srcPort, f.dstPort, c.size.Payload)
 	fd := f.queueFD
 	pfdOut := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
 	maxBacklog := uint64(c.b.opts.MaxBacklog)
