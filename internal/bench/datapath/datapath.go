@@ -416,6 +416,14 @@ func loadResults(opts options) (*Results, options, error) {
 			res = &r
 			continue
 		}
+		// Ratios pair cells by run number: keep each file's runs apart.
+		offset := 0
+		for _, s := range res.Samples {
+			offset = max(offset, s.Run)
+		}
+		for i := range r.Samples {
+			r.Samples[i].Run += offset
+		}
 		res.Samples = append(res.Samples, r.Samples...)
 		r.Samples = nil
 		res.Merged = append(res.Merged, r)

@@ -149,10 +149,14 @@ func (t *table) markdown() string {
 	m := t.res.Machine
 	p("# napitap-bench datapath\n\n")
 	p("What IFF_NAPI, threaded NAPI, `gro_flush_timeout`, IFF_NAPI_FRAGS and the tap's root qdisc do to the data path of a VMM without vhost-net (Cloud Hypervisor, Firecracker, QEMU `vhost=off`). Guest to host, a writer writes each guest frame into a tap queue fd and a receiver in the pod netns reads it; host to guest, a socket in the pod sends and the VMM reads the queue fds; round trips, the VMM answers each request from the pod at once.\n\n")
-	for _, r := range append([]Results{*t.res}, t.res.Merged...) {
-		if load, err := strconv.ParseFloat(strings.Fields(r.Machine.LoadAvg + " 0")[0], 64); err == nil && load > 0.25*float64(m.CPUs) {
-			p("**Provisional:** other work was running on the machine (load average %s at the start of `%s` on %d CPUs); re-run on an idle machine for final numbers.\n\n", r.Machine.LoadAvg, r.Command, m.CPUs)
-		}
+	// Not the load average at the start: a burst just before (the cni
+	// bench's 500 execs) leaves it high for minutes while the CPUs are idle.
+	var other []float64
+	for _, smp := range t.res.Samples {
+		other = append(other, smp.OtherCores)
+	}
+	if o := spreadOf(other); o.Median > 0.25*float64(m.CPUs) {
+		p("**Provisional:** other work took %.2f of the %d CPUs during the measured cells (median); re-run on an idle machine for final numbers.\n\n", o.Median, m.CPUs)
 	}
 	p("```\n%s\n```\n\n", t.res.Command)
 	p("- Machine: %s, %s, %d CPUs, %.1f GiB", m.Kernel, m.CPU, m.CPUs, m.MemoryGiB)
