@@ -316,9 +316,9 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	if err := applyPodArgs(c, nc.Args.CNI); err != nil && !att.ForDelete {
 		return nil, err
 	}
-	// Threaded NAPI by default, measured: one TCP stream 2.67x and 64-byte
-	// UDP 1.52x a plain queue (docs/bench/datapath.md), where plain NAPI
-	// alone costs 15-25% per frame.
+	// Threaded NAPI by default: of the NAPI modes it measured best for TCP
+	// (one stream 1.08-2.67x a plain queue, by machine; docs/bench/
+	// datapath.md), where NAPI in softirq costs 6-25% per frame.
 	if nc.ThreadedNAPI == nil && nc.Args.CNI.ThreadedNAPI == nil {
 		c.ThreadedNAPI = c.NAPI
 	}
