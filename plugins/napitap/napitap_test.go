@@ -829,11 +829,37 @@ func TestStandaloneTapGetsTheIPAMAddressAndRoutes(t *testing.T) {
 	if err := e.Check(list, rt); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
+	leases, _ := filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*"))
+	if len(leases) != 1 {
+		t.Errorf("host-local leases after ADD: %v, want the one address", leases)
+	}
 	if err := e.Del(list, rt); err != nil {
 		t.Fatal(err)
 	}
-	leases, _ := filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*"))
+	leases, _ = filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*"))
 	if len(leases) != 0 {
 		t.Errorf("host-local leases after DEL: %v", leases)
+	}
+}
+
+// TestFailedAddGivesTheIPAMAddressBack: an ADD that fails after IPAM
+// handed out an address (here at the hand-off) releases it, and the tap
+// goes with it.
+func TestFailedAddGivesTheIPAMAddressBack(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	notASocket := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(notASocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := e.PodLinks()
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"napitap-test","type":"napitap","queues":2,"handoff":{"socket":%q,"required":true},"ipam":%s}`, notASocket, e.Ipam())
+	if err := e.ExecNapitap("ADD", conf, "tap0"); err == nil {
+		t.Fatal("ADD succeeded with a handoff socket that is a plain file")
+	}
+	if leases, _ := filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*")); len(leases) != 0 {
+		t.Errorf("host-local leases after the failed ADD: %v", leases)
+	}
+	if after := e.PodLinks(); !slices.Equal(before, after) {
+		t.Errorf("pod links after the failed ADD: %v, before: %v", after, before)
 	}
 }
