@@ -54,16 +54,16 @@ func TestListPagesThroughManyAttachments(t *testing.T) {
 	}
 }
 
-// TestListPageAsDocumented: README's protocol section gives runtimes in
+// TestListPageAsDocumented: docs/handoff-protocol.md gives runtimes in
 // other languages the page size.
 func TestListPageAsDocumented(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "handoff-protocol.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("at most %d attachments (`ListPage`)", handoff.ListPage)
-	if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), want) {
-		t.Errorf("README.md does not say %q", want)
+	if !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), want) {
+		t.Errorf("docs/handoff-protocol.md does not say %q", want)
 	}
 }
 
