@@ -40,7 +40,7 @@ all: build
 
 # The programs each target calls, checked first; their Debian packages are
 # installed only if missing (and only where apt-get exists). deps-demo: ip
-# and tc. deps-test: QEMU, busybox-static, containerd, runc, libvirt, ...
+# and tc. deps-test: QEMU, busybox-static, containerd, runc, crun, libvirt, ...
 deps: deps-test
 deps-demo:
 	./hack/deps.sh demo

@@ -8,7 +8,8 @@
 #                       guest initramfs, apt package lists for
 #                       `apt-get download` of the guest kernel,
 #                       nsenter/unshare, containerd and runc (CRI and node
-#                       e2e), libvirtd with its QEMU driver, virsh and
+#                       e2e), crun (the CRI e2e's second OCI runtime, CRI-O's
+#                       and OpenShift's), libvirtd with its QEMU driver, virsh and
 #                       xmllint (the libvirt e2e runs a libvirtd of its own;
 #                       no service is set up on the node)
 #
@@ -44,6 +45,7 @@ test)
 	need_cmd unshare util-linux
 	need_cmd containerd containerd
 	need_cmd runc runc
+	need_cmd crun crun
 	need_cmd libvirtd libvirt-daemon
 	need_pkg libvirt-daemon-driver-qemu "libvirt's QEMU driver"
 	need_cmd virsh libvirt-clients

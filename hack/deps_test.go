@@ -36,7 +36,7 @@ func TestDepsChecksProgramsBeforeAPackageManager(t *testing.T) {
 			target:   "test",
 			programs: []string{"go", "ip", "tc"},
 			wantCode: 1,
-			wantErr:  []string{"qemu-system-x86_64 (qemu-system-x86)", "containerd (containerd)", "runc (runc)"},
+			wantErr:  []string{"qemu-system-x86_64 (qemu-system-x86)", "containerd (containerd)", "runc (runc)", "crun (crun)"},
 		},
 		{
 			name:     "without Go nothing is installed and the message says where Go goes",
