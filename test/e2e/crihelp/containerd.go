@@ -1,10 +1,10 @@
-// Package crihelp runs containerd 1.6's CRI plugin (with runc) and the
-// test's own napitapd on a node netns of the test's own, with a CNI conf
-// dir holding one bridge + napitap conflist, for the CRI e2e (driven by
-// crictl) and the real-node e2e (driven by kubelet). Everything lives in
-// one temp dir; the only things outside are the shim sockets containerd
-// 1.6 always puts under /run/containerd/s and the pods' cgroups, which it
-// removes.
+// Package crihelp runs containerd 1.6's CRI plugin (with runc, and crun as
+// a second runtime handler) and the test's own napitapd on a node netns of
+// the test's own, with a CNI conf dir holding one bridge + napitap
+// conflist, for the CRI e2e (driven by crictl) and the real-node e2e
+// (driven by kubelet). Everything lives in one temp dir; the only things
+// outside are the shim sockets containerd 1.6 always puts under
+// /run/containerd/s and the pods' cgroups, which it removes.
 package crihelp
 
 import (
@@ -88,6 +88,8 @@ type Node struct {
 	exited   <-chan struct{}
 	log      string
 	ids      []string // every sandbox seen, for the shim socket names
+	// ociBinary is what each runtime handler runs (OCIRuntimes).
+	ociBinary map[string]string
 }
 
 // NewRoot makes the temp dir everything lives in (short: it holds unix
@@ -245,6 +247,16 @@ disabled_plugins = [
         Root = %[7]q
         SystemdCgroup = false
 
+    # crun, CRI-O's (and so OpenShift's) OCI runtime, under the same shim:
+    # pods ask for it with crictl runp --runtime crun.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun.options]
+        BinaryName = %[11]q
+        Root = %[10]q
+        SystemdCgroup = false
+
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[8]q
     conf_dir = %[9]q
@@ -306,10 +318,12 @@ func Start(t testing.TB, cfg Config) *Node {
 	n.Napitapd = d
 	n.WriteConflist(cfg.Queues)
 
+	n.ociBinary = map[string]string{"runc": "runc", "crun": crunBinary(t, root)}
 	cfgFile := filepath.Join(root, "containerd.toml")
 	conf := fmt.Sprintf(containerdConfig,
 		filepath.Join(root, "root"), filepath.Join(root, "state"), n.Address, n.Address+".ttrpc",
-		filepath.Join(root, "opt"), PauseRef, filepath.Join(root, "runc"), n.BinLinks, n.ConfDir)
+		filepath.Join(root, "opt"), PauseRef, filepath.Join(root, "runc"), n.BinLinks, n.ConfDir,
+		filepath.Join(root, "crun"), n.ociBinary["crun"])
 	if err := os.WriteFile(cfgFile, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -609,8 +623,8 @@ func (n *Node) Crictl(args ...string) string {
 
 // teardown removes whatever pods are left (stopp runs CNI DEL), stops
 // containerd by PID, then, should anything have gone wrong, kills the
-// shims this containerd started and whatever runc still runs under the
-// test's runc root.
+// shims this containerd started and whatever runc or crun still runs
+// under the test's roots.
 func (n *Node) teardown() {
 	t := n.t
 	select {
@@ -639,14 +653,53 @@ func (n *Node) teardown() {
 		t.Errorf("cleanup: killing leftover shim pid %d", pid)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	runcRoot := filepath.Join(n.Root, "runc", criNS) // the shim appends the namespace
-	if ids, _ := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); len(strings.TrimSpace(string(ids))) > 0 {
-		for _, id := range strings.Fields(string(ids)) {
-			t.Errorf("cleanup: deleting leftover runc container %s", id)
-			_ = exec.Command("runc", "--root", runcRoot, "delete", "--force", id).Run()
+	for _, rt := range OCIRuntimes {
+		root := filepath.Join(n.Root, rt, criNS) // the shim appends the namespace
+		if !Exists(root) {
+			continue
+		}
+		bin := n.ociBinary[rt]
+		if ids, _ := exec.Command(bin, "--root", root, "list", "-q").Output(); len(strings.TrimSpace(string(ids))) > 0 {
+			for _, id := range strings.Fields(string(ids)) {
+				t.Errorf("cleanup: deleting leftover %s container %s", rt, id)
+				if out, err := exec.Command(bin, "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
+					t.Errorf("cleanup: %s delete %s: %v: %s", rt, id, err, out)
+				}
+			}
 		}
 	}
 }
+
+// crunBinary is the crun the crun handler runs: crun itself, or, where
+// cgroups are hybrid with controllers on the cgroup2 side (this CI's
+// machine: hugetlb), a wrapper that runs it in a mount namespace of its
+// own with an empty tmpfs over /sys/fs/cgroup/unified. crun 1.8 refuses
+// such a hybrid ("cgroups in hybrid mode not supported, drop all
+// controllers from cgroupv2"); without the cgroup2 mount it manages the v1
+// hierarchies, as runc does there. Mounts propagate into that namespace
+// (slave), never out of it.
+func crunBinary(t testing.TB, root string) string {
+	t.Helper()
+	var fs unix.Statfs_t
+	controllers, _ := os.ReadFile("/sys/fs/cgroup/unified/cgroup.controllers")
+	if unix.Statfs("/sys/fs/cgroup", &fs) != nil || fs.Type != unix.TMPFS_MAGIC || len(strings.TrimSpace(string(controllers))) == 0 {
+		return "crun"
+	}
+	wrapper := filepath.Join(root, "crun-v1")
+	script := `#!/bin/sh
+exec unshare --mount --propagation slave -- sh -c 'mount -t tmpfs -o size=4k napitap-crun-v1 /sys/fs/cgroup/unified && exec crun "$@"' crun "$@"
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cgroup2 at /sys/fs/cgroup/unified has controllers (%s), which crun refuses in a hybrid: the crun handler runs %s (crun without that mount)",
+		strings.TrimSpace(string(controllers)), wrapper)
+	return wrapper
+}
+
+// OCIRuntimes are the node's runtime handlers, each named after its OCI
+// runtime binary: runc, the default, and crun (crictl runp --runtime crun).
+var OCIRuntimes = []string{"runc", "crun"}
 
 // ShimsOf finds containerd-shim processes started for this containerd
 // (their -address is its socket).
