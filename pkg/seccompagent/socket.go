@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,7 +106,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
 		return
 	}
-	peer := fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
+	peer := sender(cred)
 	b, fds, err := readMessage(conn)
 	if err == nil {
 		var st *specs.ContainerProcessState
@@ -128,6 +129,20 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 	}
 	// runc hangs up without reading; napitapctl launch waits for this.
 	_, _ = conn.Write([]byte(ack + "\n"))
+}
+
+// sender names the peer in logs by pid, uid and command name, which tells
+// runc's listener from crun's or napitapctl's. The peer is the process that
+// connected: runc create, crun create (a helper crun clones from the
+// container's init sends on that socket), napitapctl launch. Its name is
+// read before the message, while it still creates the container or waits
+// for the ack, and left out if it is already gone.
+func sender(cred *unix.Ucred) string {
+	s := fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cred.Pid)); err == nil {
+		s += " comm " + strings.TrimSuffix(string(comm), "\n")
+	}
+	return s
 }
 
 // readMessage reads until the bytes form one JSON value, the peer hangs

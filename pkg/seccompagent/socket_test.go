@@ -133,6 +133,26 @@ func TestTheSocketRefusesWhatItCannotUseAndKeepsNoFd(t *testing.T) {
 	launchTrue(t, ta.socket)
 }
 
+func TestTheListenerLogNamesItsSenderByCommand(t *testing.T) {
+	ta := startAgent(t, slog.LevelInfo)
+	// The launcher is this test binary until the agent's ack lets it exec.
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	launchTrue(t, ta.socket)
+	want := "comm " + strings.TrimSuffix(string(comm), "\n") + `"`
+	for _, line := range strings.Split(ta.log.String(), "\n") {
+		if strings.Contains(line, `msg="serving seccomp listener"`) {
+			if !strings.Contains(line, `sender="peer pid `) || !strings.Contains(line, want) {
+				t.Errorf("sender lacks %q: %s", want, line)
+			}
+			return
+		}
+	}
+	t.Errorf("no listener served:\n%s", ta.log.String())
+}
+
 // launchTrue runs `launch -- true` through the agent at socket.
 func launchTrue(t *testing.T, socket string) {
 	t.Helper()
