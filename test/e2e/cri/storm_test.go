@@ -33,7 +33,7 @@ func TestASignalStormUnderRuncsFilterNeverYieldsEEXIST(t *testing.T) {
 	})
 	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
 	profile := writeProfile(t, n)
-	p := runVMPod(t, n, 0, true)
+	p := runVMPod(t, n, 0, "runc", true)
 
 	const attempts = 300
 	cfg := map[string]any{

@@ -40,14 +40,17 @@ const (
 // virt-launcher, minus KubeVirt), opening napitap's tap of that sandbox by
 // name (-netdev tap,ifname=tap0,queues=2) on an intercept-mode network.
 // Under the Localhost profile `napitapctl seccomp-profile vmm` renders,
-// runc hands the container's seccomp listener to napitapd, whose agent
-// performs QEMU's TUNSETIFFs with IFF_NAPI: the guest's TCP segments are
-// GRO-merged on the tap (DESIGN.md fact 10). The same container under
-// RuntimeDefault gets plain queues and nothing is merged. Removing the
-// pods leaves nothing: no tap, no attachment, no listener in napitapd.
+// the OCI runtime hands the container's seccomp listener to napitapd,
+// whose agent performs QEMU's TUNSETIFFs with IFF_NAPI: the guest's TCP
+// segments are GRO-merged on the tap (DESIGN.md fact 10). The same
+// container under RuntimeDefault gets plain queues and nothing is merged.
+// Removing the pods leaves nothing: no tap, no attachment, no listener in
+// napitapd. Each case runs under runc (containerd's default) and crun
+// (CRI-O's, so OpenShift Virtualization's), whose listenerPath code is
+// their own.
 func TestVMContainersGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 	nstest.RequireRoot(t)
-	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "ip", "qemu-system-x86_64")
+	crihelp.RequireTools(t, "containerd", "ctr", "runc", "crun", "nsenter", "ip", "qemu-system-x86_64")
 	crictl := crihelp.BuildCrictl(t)
 	crihelp.EnsureCgroups(t)
 	repo, err := crihelp.RepoRoot()
@@ -68,24 +71,34 @@ func TestVMContainersGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 
 	cases := []struct {
 		name       string
+		runtime    string // the runtime handler, named after its OCI runtime
 		profile    string // Localhost profile path; empty: RuntimeDefault
 		wantMerged bool
 	}{
-		{"QEMU under the vmm Localhost profile gets NAPI queues from napitapd's agent", profile, true},
-		{"the same QEMU under RuntimeDefault gets plain queues", "", false},
+		{"QEMU by name under runc and the vmm Localhost profile gets NAPI queues from napitapd's agent", "runc", profile, true},
+		{"the same QEMU under runc and RuntimeDefault gets plain queues", "runc", "", false},
+		{"QEMU by name under crun and the vmm Localhost profile gets NAPI queues from napitapd's agent", "crun", profile, true},
+		{"the same QEMU under crun and RuntimeDefault gets plain queues", "crun", "", false},
 	}
-	throughput := map[bool]float64{}
+	type key struct {
+		runtime string
+		napi    bool
+	}
+	throughput := map[key]float64{}
 	t.Cleanup(func() {
-		if throughput[true] > 0 && throughput[false] > 0 {
-			t.Logf("guest -> node peer, %d MiB, guest TSO off, TCG: vmm profile (NAPI) %.0f Mbit/s, RuntimeDefault (plain) %.0f Mbit/s: %.2fx",
-				guestSend>>20, throughput[true], throughput[false], throughput[true]/throughput[false])
+		for _, rt := range crihelp.OCIRuntimes {
+			napi, plain := throughput[key{rt, true}], throughput[key{rt, false}]
+			if napi > 0 && plain > 0 {
+				t.Logf("%s: guest -> node peer, %d MiB, guest TSO off, TCG: vmm profile (NAPI) %.0f Mbit/s, RuntimeDefault (plain) %.0f Mbit/s: %.2fx",
+					rt, guestSend>>20, napi, plain, napi/plain)
+			}
 		}
 	})
 	for i, tc := range cases {
 		ok := t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			fdsBefore := napitapdFds(t, n.Napitapd)
-			p := runVMPod(t, n, i, tc.profile != "")
+			p := runVMPod(t, n, i, tc.runtime, tc.profile != "")
 			want := nodecheck.Expect{ContainerID: p.id, IfName: "eth0", TapName: "tap0", Queues: 2, NAPI: true,
 				Wiring: "tc-redirect", Socket: n.Socket, Held: 0}
 			if err := nodecheck.Present(p.netns, want); err != nil {
@@ -129,7 +142,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 					t.Errorf("guest output lacks %q:\n%s", w, crihelp.Tail(out, 2000))
 				}
 			}
-			throughput[tc.profile != ""] = sink.Mbits()
+			throughput[key{tc.runtime, tc.profile != ""}] = sink.Mbits()
 			t.Logf("guest -> peer %.0f Mbit/s (%d bytes), peer -> guest %d bytes", sink.Mbits(), sink.Bytes(), source.Bytes())
 			if got := sink.Bytes(); got != guestSend {
 				t.Errorf("peer received %d bytes from the guest, want %d", got, guestSend)
@@ -140,7 +153,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 			if merged != tc.wantMerged {
 				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", merged, seen.MaxLen, tc.wantMerged)
 			}
-			checkAgentLog(t, n, p, tc.profile != "")
+			checkAgentLog(t, n, p, tc.runtime, tc.profile != "")
 
 			n.Crictl("stopp", p.id)
 			if err := nodecheck.Gone(p.netns, want); err != nil {
@@ -203,11 +216,14 @@ type vmPod struct {
 	ip, mac       string // the guest takes eth0's: tc-redirect wiring
 }
 
-func runVMPod(t *testing.T, n *crihelp.Node, i int, napi bool) *vmPod {
+// runVMPod runs a pod sandbox under runtime's handler; its name says
+// which runtime and whether its VMM gets the vmm profile, so that
+// napitapd's log lines of one case name no other.
+func runVMPod(t *testing.T, n *crihelp.Node, i int, runtime string, napi bool) *vmPod {
 	t.Helper()
-	p := &vmPod{name: "napicri-vm-plain", uid: fmt.Sprintf("napicri-vm-%s-%d", filepath.Base(n.Root), i)}
+	p := &vmPod{name: "napicri-vm-plain-" + runtime, uid: fmt.Sprintf("napicri-vm-%s-%d", filepath.Base(n.Root), i)}
 	if napi {
-		p.name = "napicri-vm-napi"
+		p.name = "napicri-vm-napi-" + runtime
 	}
 	cfg := map[string]any{
 		"metadata":      map[string]any{"name": p.name, "namespace": "napicri", "uid": p.uid, "attempt": 0},
@@ -216,7 +232,7 @@ func runVMPod(t *testing.T, n *crihelp.Node, i int, napi bool) *vmPod {
 		"linux":         map[string]any{"cgroup_parent": n.Cgroup},
 	}
 	p.config = writeJSON(t, filepath.Join(n.Root, fmt.Sprintf("vm-pod-%d.json", i)), cfg)
-	p.id = n.Crictl("runp", p.config)
+	p.id = n.Crictl("runp", "--runtime", runtime, p.config)
 	n.Track(p.id)
 	sb, err := n.InspectSandbox(p.id)
 	if err != nil {
@@ -236,7 +252,7 @@ func runVMPod(t *testing.T, n *crihelp.Node, i int, napi bool) *vmPod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("pod %s: sandbox %.12s, guest ip %s mac %s, netns %s", p.name, p.id, p.ip, p.mac, p.netns)
+	t.Logf("pod %s (%s): sandbox %.12s, guest ip %s mac %s, netns %s", p.name, runtime, p.id, p.ip, p.mac, p.netns)
 	return p
 }
 
@@ -282,10 +298,10 @@ func writeVMMContainerConfig(t *testing.T, n *crihelp.Node, i int, argv []string
 	return writeJSON(t, filepath.Join(n.Root, fmt.Sprintf("vm-container-%d.json", i)), cfg)
 }
 
-// checkAgentLog: under the profile, runc's listener reached napitapd with
-// the pod's CRI annotations and both of QEMU's queues were attached with
-// NAPI; without it, napitapd heard nothing from the pod.
-func checkAgentLog(t *testing.T, n *crihelp.Node, p *vmPod, napi bool) {
+// checkAgentLog: under the profile, the runtime's listener reached
+// napitapd with the pod's CRI annotations and both of QEMU's queues were
+// attached with NAPI; without it, napitapd heard nothing from the pod.
+func checkAgentLog(t *testing.T, n *crihelp.Node, p *vmPod, runtime string, napi bool) {
 	t.Helper()
 	log := n.Napitapd.ReadLog()
 	var served, attached []string
@@ -307,8 +323,15 @@ func checkAgentLog(t *testing.T, n *crihelp.Node, p *vmPod, napi bool) {
 		return
 	}
 	if len(served) != 1 {
-		t.Errorf("napitapd logged %d listeners from runc for %s, want 1:\n%s", len(served), p.name, crihelp.Tail(log, 3000))
+		t.Errorf("napitapd logged %d listeners from %s for %s, want 1:\n%s", len(served), runtime, p.name, crihelp.Tail(log, 3000))
 	} else {
+		// napitapd names the process that connected by comm: runc create,
+		// or crun create (whose helper, cloned from the container's init,
+		// sends the listener on that connection).
+		sender := fmt.Sprintf(`sender="peer pid \d+ uid 0 comm %s"`, regexp.QuoteMeta(runtime))
+		if !regexp.MustCompile(sender).MatchString(served[0]) {
+			t.Errorf("listener line does not name %s as its sender (%s): %s", runtime, sender, served[0])
+		}
 		for _, want := range []string{`container \"vmm\"`, "sandbox_id=" + p.id, "sandbox_uid=" + p.uid, "metadata=vmm", "status=creating"} {
 			if !strings.Contains(served[0], want) {
 				t.Errorf("listener line lacks %q: %s", want, served[0])
