@@ -540,6 +540,12 @@ type Sample struct {
 	NAPIThreads ThreadCPU         `json:"napi_threads_cpu"`
 	NAPIThreadN int               `json:"napi_threads"`
 	Net         map[string]uint64 `json:"netstat"`
+
+	// NAPIThreadRuns: how often per second the kthreads were put on a CPU
+	// (schedstat), about one wakeup each. Each costs the writer a wakeup
+	// (an IPI when the kthread sleeps on another CPU) and the kthread a
+	// context switch: where those are dear, threaded NAPI's gain goes there.
+	NAPIThreadRuns float64 `json:"napi_thread_runs_per_s"`
 }
 
 // bench holds what outlives a cell: the pod netns.
@@ -822,6 +828,7 @@ type snapshot struct {
 	machine                    procfs.CPUStat
 	perCPU                     []procfs.CPUStat
 	wU, wS, rU, rS, kU, kS     uint64
+	kRuns                      uint64
 	net                        map[string]uint64
 }
 
@@ -848,6 +855,7 @@ func (c *cellRun) snapshot(kthreads []int) (snapshot, error) {
 	s.wU, s.wS = threadTicks(wt)
 	s.rU, s.rS = threadTicks(rt)
 	s.kU, s.kS = pidTicks(kthreads)
+	s.kRuns, _ = schedstats(kthreads)
 	if s.net, s.qdisc, err = c.b.ns.netstat(c.tap.name); err != nil {
 		return s, err
 	}
@@ -894,6 +902,7 @@ func (c *cellRun) fill(s *Sample, a, b snapshot, kthreads int) {
 	s.Receiver = ThreadCPU{User: cores(b.rU - a.rU), Sys: cores(b.rS - a.rS)}
 	s.NAPIThreads = ThreadCPU{User: cores(b.kU - a.kU), Sys: cores(b.kS - a.kS)}
 	s.NAPIThreadN = kthreads
+	s.NAPIThreadRuns = float64(b.kRuns-a.kRuns) / sec
 	var rtts []time.Duration
 	for _, f := range c.flows {
 		rtts = append(rtts, f.rtts...)

@@ -390,6 +390,31 @@ func TestQuickRun(t *testing.T) {
 	}
 }
 
+func TestAThreadedCellCountsHowOftenItsKernelThreadRan(t *testing.T) {
+	nstest.RequireRoot(t)
+	opts, err := parseFlags([]string{"--duration", "200ms", "--warmup", "100ms", "--runs", "1",
+		"--modes", "threaded", "--sizes", "tcp1448", "--queues", "1", "--out", t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBench(opts, testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	s, err := b.cell(context.Background(), 1, opts.Modes[0], opts.Sizes[0], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.NAPIThreadN != 1 || s.NAPIThreadRuns <= 0 {
+		t.Errorf("%d napi/ threads ran %.0f times/s, want 1 thread that ran", s.NAPIThreadN, s.NAPIThreadRuns)
+	}
+}
+
 func TestTheScaleRoundMakesOneKernelThreadPerQueueOnlyWhenThreaded(t *testing.T) {
 	nstest.RequireRoot(t)
 	opts, err := parseFlags([]string{"--sizes", "none", "--scale-taps", "3", "--scale-queues", "2", "--scale-idle", "200ms", "--runs", "1"}, io.Discard)
