@@ -330,14 +330,10 @@ func TestReport(t *testing.T) {
 	}
 }
 
-// TestQuickRun measures plain and NAPI queues for a moment each and checks
-// that something arrived and that no tap and no netns is left behind. The
-// moment is long enough for a TCP handshake on a machine busy with the
-// other packages' tests (200 ms, after 100 ms, once in five runs was not).
-func TestQuickRun(t *testing.T) {
-	nstest.RequireRoot(t)
-	opts, err := parseFlags([]string{"--duration", "500ms", "--warmup", "300ms", "--runs", "1",
-		"--modes", "plain,napi+noqueue", "--sizes", "udp512,tcp1448,h2g-udp64,h2g-tcp,rr64", "--queues", "1", "--out", t.TempDir()}, io.Discard)
+// testBench makes a bench from command-line args, closed at the test's end.
+func testBench(t *testing.T, args ...string) (*bench, options) {
+	t.Helper()
+	opts, err := parseFlags(args, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,12 +341,23 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	netnsPath := b.ns.path
 	t.Cleanup(func() {
 		if err := b.close(); err != nil {
 			t.Error(err)
 		}
 	})
+	return b, opts
+}
+
+// TestQuickRun measures plain and NAPI queues for a moment each and checks
+// that something arrived and that no tap and no netns is left behind. The
+// moment is long enough for a TCP handshake on a machine busy with the
+// other packages' tests (200 ms, after 100 ms, once in five runs was not).
+func TestQuickRun(t *testing.T) {
+	nstest.RequireRoot(t)
+	b, opts := testBench(t, "--duration", "500ms", "--warmup", "300ms", "--runs", "1",
+		"--modes", "plain,napi+noqueue", "--sizes", "udp512,tcp1448,h2g-udp64,h2g-tcp,rr64", "--queues", "1", "--out", t.TempDir())
+	netnsPath := b.ns.path
 	res := &Results{Machine: machineInfo(), Settings: settings(opts)}
 	for _, size := range opts.Sizes {
 		for _, mode := range opts.Modes {
@@ -392,20 +399,9 @@ func TestQuickRun(t *testing.T) {
 
 func TestAThreadedCellCountsHowOftenItsKernelThreadRan(t *testing.T) {
 	nstest.RequireRoot(t)
-	opts, err := parseFlags([]string{"--duration", "200ms", "--warmup", "100ms", "--runs", "1",
-		"--modes", "threaded", "--sizes", "tcp1448", "--queues", "1", "--out", t.TempDir()}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newBench(opts, testLog{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.close(); err != nil {
-			t.Error(err)
-		}
-	})
+	// As long as TestQuickRun's cells, for traffic on a busy machine.
+	b, opts := testBench(t, "--duration", "500ms", "--warmup", "300ms", "--runs", "1",
+		"--modes", "threaded", "--sizes", "tcp1448", "--queues", "1", "--out", t.TempDir())
 	s, err := b.cell(context.Background(), 1, opts.Modes[0], opts.Sizes[0], 1)
 	if err != nil {
 		t.Fatal(err)
@@ -417,19 +413,7 @@ func TestAThreadedCellCountsHowOftenItsKernelThreadRan(t *testing.T) {
 
 func TestTheScaleRoundMakesOneKernelThreadPerQueueOnlyWhenThreaded(t *testing.T) {
 	nstest.RequireRoot(t)
-	opts, err := parseFlags([]string{"--sizes", "none", "--scale-taps", "3", "--scale-queues", "2", "--scale-idle", "200ms", "--runs", "1"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newBench(opts, testLog{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.close(); err != nil {
-			t.Error(err)
-		}
-	})
+	b, _ := testBench(t, "--sizes", "none", "--scale-taps", "3", "--scale-queues", "2", "--scale-idle", "200ms", "--runs", "1")
 	sc, err := b.scale(context.Background())
 	if err != nil {
 		t.Fatal(err)
