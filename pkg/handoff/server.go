@@ -146,6 +146,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 
 func (s *Server) serveConn(conn *net.UnixConn) {
 	defer conn.Close()
+	defer unixsock.LogPanic(s.log, "panic serving a connection")
 	cred, err := peerCred(conn)
 	if err != nil {
 		s.log.Error("no peer credentials, closing", "err", err)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"sync"
 
@@ -218,6 +219,14 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 }
 
 func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
+	defer func() {
+		// A panic must not end the listener's goroutine, which would close
+		// the listener: every process under it would get ENOSYS for good.
+		if r := recover(); r != nil {
+			log.Error("panic answering a notification: left to the kernel", "pid", n.Pid, "panic", r, "stack", string(debug.Stack()))
+			_ = notifSend(listener, n.ID, 0, true)
+		}
+	}()
 	prev := recent.take(n.Pid)
 	v := a.decide(listener, n, sock, prev)
 	if v.gone {

@@ -319,7 +319,7 @@ func runAgent() int {
 		return fail("%v", err)
 	}
 	fmt.Println("ready")
-	if err := NewServer(agent, logger, 0).Serve(l); err != nil {
+	if err := NewServer(agent, logger, Limits{}).Serve(l); err != nil {
 		return fail("%v", err)
 	}
 	return 0
@@ -410,11 +410,11 @@ type testAgent struct {
 
 func startAgent(t testing.TB, level slog.Level) *testAgent {
 	t.Helper()
-	return startAgentConns(t, level, 0)
+	return startAgentConns(t, level, Limits{})
 }
 
 // startAgentConns is startAgent with a bound on connections at once.
-func startAgentConns(t testing.TB, level slog.Level, maxConns int) *testAgent {
+func startAgentConns(t testing.TB, level slog.Level, lim Limits) *testAgent {
 	t.Helper()
 	w := &logBuf{t: t}
 	logger := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
@@ -430,7 +430,7 @@ func startAgentConns(t testing.TB, level slog.Level, maxConns int) *testAgent {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- NewServer(agent, logger, maxConns).Serve(l) }()
+	go func() { done <- NewServer(agent, logger, lim).Serve(l) }()
 	var once sync.Once
 	ta := &testAgent{agent: agent, reg: reg, socket: socket, log: w}
 	ta.stop = func() {

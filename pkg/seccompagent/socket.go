@@ -24,12 +24,24 @@ const (
 	// MaxMessage bounds one message; runc's is about 730 bytes, more with
 	// many annotations.
 	MaxMessage = 64 << 10
-	// DefaultMaxConns bounds connections being read at once.
+	// DefaultMaxConns bounds connections being read at once: each lasts
+	// milliseconds (runc's connect, send and hang-up).
 	DefaultMaxConns = 64
+	// DefaultMaxConnsPerUID bounds those of one uid other than root, and
+	// uids other than root together leave root as many: a member of the
+	// socket's group holding idle connections cannot stop runc, crun or
+	// Kata's shim (root) from handing listeners over.
+	DefaultMaxConnsPerUID = 16
 	// maxFDs is how many fds a read takes in; more is an error anyway.
 	maxFDs = 4
-	// connTimeout bounds a sender that connects and says nothing.
-	connTimeout = 5 * time.Second
+	// rootTimeout bounds a root sender that connects and says nothing.
+	// crun connects in `crun create` and a helper it clones from the
+	// container's init sends later, after the container's set-up: give it
+	// time on a busy node.
+	rootTimeout = 5 * time.Second
+	// otherTimeout bounds any other sender: napitapctl launch sends as
+	// soon as it has connected.
+	otherTimeout = time.Second
 	// AckOK is the line a sender reads back when the agent serves its
 	// listener; anything else starts with "error: ".
 	AckOK = "ok"
@@ -41,19 +53,31 @@ const (
 type Server struct {
 	agent *Agent
 	log   *slog.Logger
-	conns chan struct{} // a token per connection being served
+	conns unixsock.UIDQuota // connections being served, per peer uid
 	// drops spaces out the log lines about connections refused for the
 	// bound, so that a flood cannot flood the log too.
 	drops unixsock.Every
 }
 
-// NewServer hands the listeners it receives to agent. maxConns bounds the
-// connections served at once (DefaultMaxConns when 0); more are closed.
-func NewServer(agent *Agent, logger *slog.Logger, maxConns int) *Server {
-	if maxConns <= 0 {
-		maxConns = DefaultMaxConns
+// Limits bound the connections a Server serves at once; zero fields take
+// the defaults. Connections beyond them are closed at once.
+type Limits struct {
+	MaxConns       int // DefaultMaxConns when 0
+	MaxConnsPerUID int // DefaultMaxConnsPerUID when 0, at most half of MaxConns
+}
+
+// NewServer hands the listeners it receives to agent.
+func NewServer(agent *Agent, logger *slog.Logger, lim Limits) *Server {
+	if lim.MaxConns <= 0 {
+		lim.MaxConns = DefaultMaxConns
 	}
-	return &Server{agent: agent, log: logger, conns: make(chan struct{}, maxConns), drops: unixsock.Every{Interval: time.Second}}
+	if lim.MaxConnsPerUID <= 0 {
+		lim.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	lim.MaxConnsPerUID = max(1, min(lim.MaxConnsPerUID, lim.MaxConns/2))
+	return &Server{agent: agent, log: logger,
+		conns: unixsock.UIDQuota{Max: lim.MaxConns, MaxPerUID: lim.MaxConnsPerUID},
+		drops: unixsock.Every{Interval: time.Second}}
 }
 
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
@@ -79,33 +103,39 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			continue
 		}
 		backoff = 0
-		select {
-		case s.conns <- struct{}{}:
-		default:
+		cred, err := unixsock.PeerCred(conn)
+		if err != nil {
+			// Without a uid neither the connection nor its listener can
+			// be counted against one.
+			conn.Close()
+			s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
+			continue
+		}
+		if ok, why := s.conns.Admit(cred.Uid); !ok {
 			conn.Close()
 			if ok, held := s.drops.Allow(); ok {
-				s.log.Warn("seccomp socket: too many connections at once, closed", "count", held+1)
+				s.log.Warn("seccomp socket: too many connections at once, closed", "reason", why,
+					"pid", cred.Pid, "uid", cred.Uid, "count", held+1)
 			}
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-s.conns }()
-			s.serveConn(conn)
+			defer s.conns.Done(cred.Uid)
+			s.serveConn(conn, cred)
 		}()
 	}
 }
 
-func (s *Server) serveConn(conn *net.UnixConn) {
+func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(connTimeout))
-	cred, err := unixsock.PeerCred(conn)
-	if err != nil {
-		// Without a uid the listener cannot be counted against one.
-		s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
-		return
+	defer unixsock.LogPanic(s.log, "seccomp socket: panic serving a sender", "pid", cred.Pid, "uid", cred.Uid)
+	timeout := otherTimeout
+	if cred.Uid == 0 {
+		timeout = rootTimeout
 	}
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
 	peer := sender(cred)
 	b, fds, err := readMessage(conn)
 	if err == nil {
@@ -128,6 +158,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		ack = "error: " + err.Error()
 	}
 	// runc hangs up without reading; napitapctl launch waits for this.
+	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = conn.Write([]byte(ack + "\n"))
 }
 
@@ -155,6 +186,8 @@ func readMessage(conn *net.UnixConn) ([]byte, []int, error) {
 	chunk := make([]byte, MaxMessage+1)
 	for {
 		n, oobn, flags, _, err := conn.ReadMsgUnix(chunk[:MaxMessage+1-len(buf)], oob)
+		// On an error (a deadline, a reset) the counts may be -1.
+		n, oobn = max(n, 0), max(oobn, 0)
 		got, perr := parseRights(oob[:oobn])
 		fds = append(fds, got...)
 		buf = append(buf, chunk[:n]...)
@@ -256,7 +289,7 @@ func Start(path string, mode os.FileMode, gid int, reg Registry, logger *slog.Lo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := NewServer(agent, logger, 0).Serve(l); err != nil {
+		if err := NewServer(agent, logger, Limits{}).Serve(l); err != nil {
 			logger.Error("seccomp socket", "path", path, "err", err)
 		}
 	}()

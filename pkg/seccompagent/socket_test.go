@@ -7,12 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/threadcred"
 )
 
 // runcMessage is what runc 1.1 sends a listenerPath for a CRI container.
@@ -166,7 +171,7 @@ func launchTrue(t *testing.T, socket string) {
 
 func TestAFloodOfConnectionsIsBoundedAndLogged(t *testing.T) {
 	const maxConns = 4
-	ta := startAgentConns(t, slog.LevelInfo, maxConns)
+	ta := startAgentConns(t, slog.LevelInfo, Limits{MaxConns: maxConns})
 	before := openFDs(t)
 	var idle []*net.UnixConn
 	for range maxConns {
@@ -251,4 +256,129 @@ func TestClosingTheAgentLetsGoOfLiveListeners(t *testing.T) {
 		t.Errorf("Close logged errors:\n%s", logs)
 	}
 	waitFDs(t, before, "after Close")
+}
+
+// dialAs connects to socket with uid's credentials, which the kernel
+// records at connect: from a thread of this process that took them on.
+func dialAs(socket string, uid uint32) (*net.UnixConn, error) {
+	var conn *net.UnixConn
+	err := threadcred.Run(threadcred.Creds{UID: uid, GID: uid}, func() error {
+		var err error
+		conn, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+		return err
+	})
+	return conn, err
+}
+
+func TestASilentConnectionIsLetGoAndTheAgentServesOn(t *testing.T) {
+	nstest.RequireRoot(t)
+	ta := startAgent(t, slog.LevelInfo)
+	openToAll(t, ta.socket)
+	tests := []struct {
+		name    string
+		uid     uint32
+		timeout time.Duration
+	}{
+		{name: "a root sender gets the time crun needs", uid: 0, timeout: rootTimeout},
+		{name: "another uid's sender gets a second", uid: 65534, timeout: otherTimeout},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := dialAs(ta.socket, tc.uid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			start := time.Now()
+			ack, err := readLine(bufio.NewReader(conn), tc.timeout+5*time.Second)
+			waited := time.Since(start)
+			if err != nil || !strings.HasPrefix(ack, "error: no message") {
+				t.Errorf("after %v: ack %q, %v; want an error ack once the deadline passes", waited, ack, err)
+			}
+			if waited < tc.timeout-100*time.Millisecond || waited > tc.timeout+2*time.Second {
+				t.Errorf("let go after %v, want about %v", waited, tc.timeout)
+			}
+			launchTrue(t, ta.socket)
+		})
+	}
+	if logs := ta.log.String(); strings.Contains(logs, "panic") {
+		t.Errorf("a connection panicked:\n%s", logs)
+	}
+}
+
+func TestIdleConnectionsOfOneUIDLeaveRootItsShare(t *testing.T) {
+	nstest.RequireRoot(t)
+	ta := startAgent(t, slog.LevelWarn)
+	openToAll(t, ta.socket)
+	// A member of the socket's group holds as many idle connections as it
+	// can, and connects again as the agent lets them go.
+	stop := make(chan struct{})
+	flooded := make(chan int, 1)
+	go func() {
+		dials := 0
+		_ = threadcred.Run(threadcred.Creds{UID: 65534, GID: 65534}, func() error {
+			var held []*net.UnixConn
+			defer func() {
+				for _, c := range held {
+					c.Close()
+				}
+			}()
+			for {
+				select {
+				case <-stop:
+					flooded <- dials
+					return nil
+				default:
+				}
+				c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: ta.socket, Net: "unix"})
+				if err != nil {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				dials++
+				if held = append(held, c); len(held) >= 2*DefaultMaxConns {
+					for _, c := range held {
+						c.Close()
+					}
+					held = held[:0]
+				}
+			}
+		})
+	}()
+	time.Sleep(200 * time.Millisecond)
+	const launches = 20
+	var took []time.Duration
+	failed := 0
+	for range launches {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		out, err := helperCmd(ctx, "launch-true", socketEnv+"="+ta.socket).CombinedOutput()
+		took = append(took, time.Since(start))
+		cancel()
+		if err != nil {
+			failed++
+			t.Logf("launch -- true: %v: %s", err, out)
+		}
+	}
+	close(stop)
+	dials := <-flooded
+	slices.Sort(took)
+	t.Logf("root's launches during a flood of %d connections from uid 65534: %d of %d served; p50 %v, max %v",
+		dials, launches-failed, launches, took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	if failed > 0 {
+		t.Errorf("%d of %d root launches failed during the flood", failed, launches)
+	}
+	if !strings.Contains(ta.log.String(), "the uid is at its own limit") {
+		t.Errorf("the flood was never refused:\n%s", ta.log.String())
+	}
+}
+
+// openToAll lets any uid connect to socket, in its test's TempDir.
+func openToAll(t *testing.T, socket string) {
+	t.Helper()
+	for path, mode := range map[string]os.FileMode{socket: 0o666, filepath.Dir(socket): 0o755, filepath.Dir(filepath.Dir(socket)): 0o755} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
