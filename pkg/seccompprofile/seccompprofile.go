@@ -24,8 +24,8 @@
 // stays RuntimeDefault plus the notify rule. Its base is containerd's
 // RuntimeDefault, moby's default rendered for the container's
 // capabilities. CRI-O's RuntimeDefault is containers/common's, which allows
-// more; a VMM there that needs more than moby's allows it by editing its
-// profile, not by napitap loosening everyone's.
+// more: there a VMM that needs more than moby's allows needs a profile of
+// its own.
 package seccompprofile
 
 import (
