@@ -16,7 +16,7 @@ func agentRegistry(srv *handoff.Server) seccompagent.Registry {
 		}
 		return seccompagent.Target{
 			Key: att.Key.String(), NAPI: att.NAPI, NAPIFrags: att.NAPIFrags, MultiQueue: att.MultiQueue,
-			Owner: att.Owner, Group: att.Group, Mark: tapsetup.OwnerAlias(att.ContainerID, att.IfName),
+			Mark: tapsetup.OwnerAlias(att.ContainerID, att.IfName),
 		}, true
 	})
 }

@@ -21,7 +21,7 @@ import (
 
 // napitapdCaps are the capabilities napitapd gets, each justified in
 // deploy/base/daemonset.yaml. Adding one means justifying it there and here.
-var napitapdCaps = []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+var napitapdCaps = []corev1.Capability{"NET_ADMIN", "SETGID", "SETUID", "SYS_ADMIN", "SYS_PTRACE"}
 
 // hostPaths are the host directories and devices the pod may mount, with
 // their types.

@@ -204,8 +204,8 @@ type identity struct {
 // makes sure, with the pidfd, that the pid still is the peer's: a peer that
 // exited could otherwise lend its pid to a process in another pod's netns.
 // The pidfd is polled, not signalled: a signal needs kill permission over
-// the peer, which napitapd's capabilities (NET_ADMIN, SYS_ADMIN,
-// SYS_PTRACE) do not give over a non-root VMM.
+// the peer, which napitapd's capabilities (NET_ADMIN, SETGID, SETUID,
+// SYS_ADMIN, SYS_PTRACE) do not give over a non-root VMM.
 func (p *peer) identify() (*identity, error) {
 	if p.pidfdErr != nil {
 		return nil, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)

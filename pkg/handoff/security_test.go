@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -22,9 +24,9 @@ import (
 
 // daemonSetCaps are the capabilities deploy/base/daemonset.yaml gives
 // napitapd, and all it has in cappedDaemon.
-var daemonSetCaps = []string{"net_admin", "sys_admin", "sys_ptrace"}
+var daemonSetCaps = []string{"net_admin", "setgid", "setuid", "sys_admin", "sys_ptrace"}
 
-const daemonSetCapMask = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_PTRACE
+const daemonSetCapMask = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SETGID | 1<<unix.CAP_SETUID | 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_PTRACE
 
 // cappedDaemon is napitapd in a process of its own, root with the
 // DaemonSet's capabilities and no others, as it runs on a node.
@@ -440,6 +442,55 @@ func TestAStateDirSomeoneElseControlsIsRefused(t *testing.T) {
 			t.Logf("NewServer: %v", err)
 			if b, _ := os.ReadFile(victim); string(b) != "precious" {
 				t.Errorf("the symlink's target now holds %q", b)
+			}
+		})
+	}
+}
+
+// TestNAPIFragsQueuesOnlyForAFetcherTheKernelWouldGiveThem: napitap opened
+// the queues with IFF_NAPI_FRAGS, and a reopen would again with napitapd's
+// own CAP_NET_ADMIN; the kernel gives that flag only to CAP_NET_ADMIN in
+// the initial user namespace, so napitapd hands such queues to no one else.
+func TestNAPIFragsQueuesOnlyForAFetcherTheKernelWouldGiveThem(t *testing.T) {
+	nstest.RequireRoot(t)
+	sockDir := sharedSockDir(t)
+	d := startCappedDaemon(t, filepath.Join(t.TempDir(), "state"), filepath.Join(sockDir, "napitapd.sock"))
+	root := d.client()
+	pod := nstest.New(t, "handoff")
+	const owner, queues, tap = 107, 2, "napihofr"
+	key := handoff.Key{ContainerID: "vm", IfName: "net1"}
+	att := withOwner(attachmentFor(pod, key, "net-a", tap, queues), owner, owner)
+	att.NAPIFrags = true
+	var files []*os.File
+	pod.Run(t, func() error {
+		var err error
+		_, files, err = tapsetup.Create(tapsetup.Spec{Name: tap, Queues: queues, VnetHdrSize: 12, Owner: ptr[uint32](owner), Group: ptr[uint32](owner),
+			Flags: tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true, NAPI: true, NAPIFrags: true}})
+		return err
+	})
+	t.Cleanup(func() { _ = pod.Do(func(ns.NetNS) error { return tapsetup.DeleteTap(tap, "") }) })
+	register(t, root, att, files)
+	t.Cleanup(func() { _ = root.Release(key) })
+
+	steps := []struct {
+		name     string
+		uid      *int
+		wantCode string
+		wantFDs  int
+	}{
+		{name: "the tap's owner without CAP_NET_ADMIN is denied the held queues", uid: ptr(owner), wantCode: handoff.CodeDenied},
+		{name: "root with CAP_NET_ADMIN gets them", wantFDs: queues},
+		{name: "the tap's owner is denied the reopened queues too", uid: ptr(owner), wantCode: handoff.CodeDenied},
+		{name: "root gets the reopened queues", wantFDs: queues},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			res := runPeer(t, d.socket, helperArgs{uid: st.uid, gid: st.uid, netns: pod.Path(), op: "fetch", key: &key})
+			if res.Code != st.wantCode || res.FDs != st.wantFDs {
+				t.Fatalf("code %q (%s) with %d fds, want %q with %d", res.Code, res.Err, res.FDs, st.wantCode, st.wantFDs)
+			}
+			if st.wantCode != "" && !strings.Contains(res.Err, "napiFrags") {
+				t.Errorf("error %q does not name napiFrags", res.Err)
 			}
 		})
 	}

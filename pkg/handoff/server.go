@@ -272,10 +272,16 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var who *identity
-	if cred.Uid != 0 || key == nil {
+	identify := func() (perr *Error) {
 		var err error
 		if who, err = cred.identify(); err != nil {
-			return &Response{Error: identifyError(cred, err)}, nil
+			return identifyError(cred, err)
+		}
+		return nil
+	}
+	if cred.Uid != 0 || key == nil {
+		if perr := identify(); perr != nil {
+			return &Response{Error: perr}, nil
 		}
 	}
 	root := cred.Uid == 0
@@ -285,6 +291,19 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	}
 	if perr := authorize(&e.att, who, root); perr != nil {
 		return &Response{Error: perr}, nil
+	}
+	if e.att.NAPIFrags {
+		// The queues carry IFF_NAPI_FRAGS, which napitap (and a reopen)
+		// set with their own CAP_NET_ADMIN: the caller must have it where
+		// the kernel asks it of its own TUNSETIFF, root or not.
+		if who == nil {
+			if perr := identify(); perr != nil {
+				return &Response{Error: perr}, nil
+			}
+		}
+		if !who.creds.InitNetAdmin {
+			return &Response{Error: errorf(CodeDenied, "attachment %s: napiFrags: its queues carry IFF_NAPI_FRAGS, which the kernel gives only to CAP_NET_ADMIN in the initial user namespace; uid %d lacks it", e.att.Key, who.creds.EUID)}, nil
+		}
 	}
 	if e.att.Intercept {
 		// Queues napitapd opened would take traffic the runtime's own

@@ -83,7 +83,7 @@ func TestWhatTheAgentDoesNotManageIsLeftToTheKernel(t *testing.T) {
 	for _, s := range taps {
 		newTap(t, pod, s)
 		if s.name != "napisc1" {
-			ta.manage(t, pod, s.name, Target{NAPI: true, MultiQueue: true, Owner: s.owner, Group: s.group})
+			ta.manage(t, pod, s.name, Target{NAPI: true, MultiQueue: true})
 		}
 	}
 	newTap(t, other, tapSpec{name: "napisc0", multiQueue: true}) // same name, not managed there
@@ -260,17 +260,34 @@ type agentProc struct {
 	out *bufio.Reader
 }
 
-func startAgentProc(t *testing.T, socket string, stall bool, reg []registryEntry) *agentProc {
+// daemonSetCaps are the capabilities deploy/base/daemonset.yaml gives
+// napitapd, in setpriv's spelling.
+const daemonSetCaps = "-all,+net_admin,+setgid,+setuid,+sys_admin,+sys_ptrace"
+
+// agentProcOpts: stall makes the agent decide and never answer; caps, in
+// setpriv's spelling, bound its capabilities (daemonSetCaps: as on a node).
+type agentProcOpts struct {
+	stall bool
+	caps  string
+}
+
+func startAgentProc(t *testing.T, socket string, opts agentProcOpts, reg []registryEntry) *agentProc {
 	t.Helper()
 	b, err := json.Marshal(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	env := []string{socketEnv + "=" + socket, registryEnv + "=" + string(b)}
-	if stall {
+	if opts.stall {
 		env = append(env, stallEnv+"=1")
 	}
 	cmd := helperCmd(context.Background(), "agent", env...)
+	if opts.caps != "" {
+		cmd.Args = append([]string{"setpriv", "--bounding-set=" + opts.caps, "--inh-caps=-all", "--"}, cmd.Args...)
+		if cmd.Path, err = exec.LookPath("setpriv"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cmd.Stderr = &logBuf{t: t}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -299,7 +316,7 @@ func TestAnAgentKilledMidNotificationGivesENOSYSAndARestartedOneServes(t *testin
 	reg := []registryEntry{{Netns: pod.Path(), Tap: tap, Target: Target{Key: "test/" + tap, NAPI: true, MultiQueue: true}}}
 	spec := targetSpec{Netns: pod.Path(), Tap: tap, Queues: 1, Flags: qemuFlags}
 
-	agent := startAgentProc(t, socket, true, reg)
+	agent := startAgentProc(t, socket, agentProcOpts{stall: true}, reg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := targetCmd(ctx, t, spec, socket, filterFlags)
@@ -330,7 +347,7 @@ func TestAnAgentKilledMidNotificationGivesENOSYSAndARestartedOneServes(t *testin
 		t.Errorf("pending TUNSETIFF after the agent died: %v, want ENOSYS", got)
 	}
 
-	startAgentProc(t, socket, false, reg)
+	startAgentProc(t, socket, agentProcOpts{}, reg)
 	res = runTargetProc(t, spec, socket)
 	if res.Errnos[0] != 0 || res.Flags[0]&unix.IFF_NAPI == 0 {
 		t.Errorf("launch served by the restarted agent: %v, flags 0x%x, want NAPI", unix.Errno(res.Errnos[0]), res.Flags[0])

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/tapsetup"
+	"github.com/napitap/napitap/pkg/threadcred"
 	"github.com/napitap/napitap/pkg/tunperm"
 )
 
@@ -114,44 +115,29 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		log.Warn("multiqueue mode mismatch: EINVAL, as the kernel answers", "asked_mode", queueMode(asked), "tap_mode", queueMode(t.MultiQueue))
 		return verdict{errno: unix.EINVAL}
 	}
-	if t.Owner != nil || t.Group != nil {
-		// The kernel checks napitapd's credentials on the TUNSETIFF
-		// below, so apply tun_not_capable to the caller's here.
-		c, err := tunperm.Read(tid)
-		if err != nil {
-			return continueVerdict
-		}
-		if !tunperm.OwnerGroupAllow(c, t.Owner, t.Group) {
-			admin, err := tunperm.NetAdmin(tid, c, nsfd)
-			if err != nil {
-				return continueVerdict
-			}
-			if !notifIDValid(listener, n.ID) {
-				return goneVerdict
-			}
-			if !admin {
-				log.Warn("caller may not attach: EPERM, as the kernel answers", "euid", c.EUID, "egid", c.EGID, "groups", c.Groups, "owner", fmtID(t.Owner), "group", fmtID(t.Group))
-				return verdict{errno: unix.EPERM}
-			}
-		} else if !notifIDValid(listener, n.ID) {
-			return goneVerdict
-		}
+	// The TUNSETIFF below runs on a thread with the caller's credentials
+	// (threadcred), so that the kernel judges the caller: the tap's live
+	// owner and group (tun_not_capable), the right to create a tap whose
+	// name went meanwhile, IFF_NAPI_FRAGS. The thread gets CAP_NET_ADMIN
+	// only if the caller has it over the tap's netns, which is all the
+	// kernel asks of it there.
+	c, err := tunperm.Of(tid, nsfd)
+	if err != nil {
+		return continueVerdict
 	}
-
+	if !notifIDValid(listener, n.ID) {
+		return goneVerdict
+	}
+	creds := threadcred.Creds{UID: c.EUID, GID: c.EGID, Groups: c.Groups}
+	if c.NetAdmin {
+		creds.Caps = 1 << unix.CAP_NET_ADMIN
+	}
 	flags := ifr.flags | unix.IFF_NAPI
 	if t.NAPIFrags {
-		// The kernel grants IFF_NAPI_FRAGS only to CAP_NET_ADMIN in the
-		// initial user namespace (docs/DESIGN.md fact 4); napitapd's
-		// TUNSETIFF would pass that check with its own, so ask it of the
-		// caller.
-		frags, err := tunperm.InitNetAdmin(tid)
-		if err != nil {
-			return continueVerdict
-		}
-		if !notifIDValid(listener, n.ID) {
-			return goneVerdict
-		}
-		if frags {
+		// The thread's CAP_NET_ADMIN counts in napitapd's user namespace,
+		// the initial one, where the kernel asks it for IFF_NAPI_FRAGS
+		// (docs/DESIGN.md fact 4): ask it of the caller there.
+		if c.InitNetAdmin {
 			flags |= unix.IFF_NAPI_FRAGS
 		} else {
 			log.Warn("napiFrags: the caller lacks CAP_NET_ADMIN in the initial user namespace, which the kernel requires for IFF_NAPI_FRAGS; IFF_NAPI only")
@@ -162,15 +148,45 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	req.SetUint16(flags)
-	// The caller's own open file: its fd number, FD_CLOEXEC and
-	// O_NONBLOCK stay as they were.
-	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, req); err != nil {
+	var persistent bool
+	err = threadcred.Run(creds, func() error {
+		// The caller's own open file: its fd number, FD_CLOEXEC and
+		// O_NONBLOCK stay as they were.
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, req); err != nil {
+			return err
+		}
+		got, err := unix.NewIfreq("")
+		if err == nil {
+			err = unix.IoctlIfreq(fd, unix.TUNGETIFF, got)
+		}
+		persistent = err == nil && got.Uint16()&unix.IFF_PERSIST != 0
+		return nil
+	})
+	var credErr *threadcred.Error
+	if errors.As(err, &credErr) {
+		// napitapd lacks CAP_SETUID or CAP_SETGID: it cannot act as the
+		// caller, so it does not act at all.
+		log.Error("cannot take on the caller's credentials; left to the kernel (no NAPI)", "err", err)
+		return continueVerdict
+	}
+	if err != nil {
 		var errno unix.Errno
 		if !errors.As(err, &errno) {
 			errno = unix.EIO
 		}
-		log.Warn("TUNSETIFF for the caller failed", "flags", fmt.Sprintf("0x%x", flags), "err", err)
+		if errno == unix.EPERM {
+			log.Warn("caller may not attach: EPERM from the kernel, judging the caller's credentials", "euid", c.EUID, "egid", c.EGID, "groups", c.Groups, "net_admin", c.NetAdmin)
+		} else {
+			log.Warn("TUNSETIFF for the caller failed", "flags", fmt.Sprintf("0x%x", flags), "err", err)
+		}
 		return verdict{errno: errno}
+	}
+	if !persistent {
+		// Every tap napitap makes is persistent: the name went between
+		// the check above and the TUNSETIFF, and the kernel made a tap for
+		// a caller with CAP_NET_ADMIN over the netns, as the caller's own
+		// TUNSETIFF would have.
+		log.Warn("the caller's TUNSETIFF made a new tap, not napitap's: the name was replaced meanwhile", "net_admin", c.NetAdmin)
 	}
 	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
 	return verdict{queue: &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}}

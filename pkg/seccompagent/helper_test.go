@@ -127,21 +127,24 @@ type targetSpec struct {
 	// Count the tap's threaded-NAPI kernel threads while the queues are
 	// attached.
 	Threads bool
-	// Cycles of open, TUNSETIFF, TUNGETIFF, close before all that,
-	// each TUNSETIFF timed.
+	// Cycles of TUNSETIFF, TUNGETIFF, close (on fds opened with the
+	// queues') before the queues, each TUNSETIFF timed.
 	Cycles int
 }
 
 type targetResult struct {
-	Errnos      []int    // TUNSETIFF per queue: 0 or the errno
-	Flags       []uint16 // TUNGETIFF per queue where attached
-	Again       int      // errno of the repeated TUNSETIFF
-	Merged      bool
-	SKBLens     []int
-	CycleNAPI   int     // cycles whose queue reported IFF_NAPI
-	CycleErrs   []int   // errnos of cycles that failed
-	CycleNanos  []int64 // each cycle's TUNSETIFF
-	NAPIThreads int     // kernel threads "napi/<tap>-<id>"
+	Errnos    []int    // TUNSETIFF per queue: 0 or the errno
+	Flags     []uint16 // TUNGETIFF per queue where attached
+	Again     int      // errno of the repeated TUNSETIFF
+	Merged    bool
+	SKBLens   []int
+	CycleNAPI int // cycles whose queue reported IFF_NAPI
+	// CycleNotPersistent counts cycles whose TUNSETIFF attached a tap
+	// without IFF_PERSIST: one it made, not napitap's.
+	CycleNotPersistent int
+	CycleErrs          []int   // errnos of cycles that failed
+	CycleNanos         []int64 // each cycle's TUNSETIFF
+	NAPIThreads        int     // kernel threads "napi/<tap>-<id>"
 }
 
 func errnoOf(err error) int {
@@ -193,20 +196,14 @@ func runTarget() int {
 		return fail("setns %s: %v", spec.Netns, err)
 	}
 	var res targetResult
-	for range spec.Cycles {
+	// Opened before the credentials drop, as the queues' fds are.
+	cycleFDs := make([]int, spec.Cycles)
+	for i := range cycleFDs {
 		fd, err := openTun()
 		if err != nil {
 			return fail("open: %v", err)
 		}
-		start := time.Now()
-		err = setIff(fd, spec.Tap, spec.Flags)
-		res.CycleNanos = append(res.CycleNanos, time.Since(start).Nanoseconds())
-		if err != nil {
-			res.CycleErrs = append(res.CycleErrs, errnoOf(err))
-		} else if f, err := getIff(fd); err == nil && f&unix.IFF_NAPI != 0 {
-			res.CycleNAPI++
-		}
-		unix.Close(fd)
+		cycleFDs[i] = fd
 	}
 	fds := make([]int, spec.Queues)
 	for i := range fds {
@@ -230,6 +227,22 @@ func runTarget() int {
 		if err := syscall.Setresuid(*spec.UID, *spec.UID, *spec.UID); err != nil {
 			return fail("setresuid: %v", err)
 		}
+	}
+	for _, fd := range cycleFDs {
+		start := time.Now()
+		err := setIff(fd, spec.Tap, spec.Flags)
+		res.CycleNanos = append(res.CycleNanos, time.Since(start).Nanoseconds())
+		if err != nil {
+			res.CycleErrs = append(res.CycleErrs, errnoOf(err))
+		} else if f, err := getIff(fd); err == nil {
+			if f&unix.IFF_NAPI != 0 {
+				res.CycleNAPI++
+			}
+			if f&unix.IFF_PERSIST == 0 {
+				res.CycleNotPersistent++
+			}
+		}
+		unix.Close(fd)
 	}
 	for _, fd := range fds {
 		err := setIff(fd, spec.Tap, spec.Flags)

@@ -9,11 +9,6 @@ type Target struct {
 	NAPI       bool
 	NAPIFrags  bool
 	MultiQueue bool
-	// Owner and Group are the tap's TUNSETOWNER/TUNSETGROUP, nil when
-	// unset: the agent applies the kernel's rule for them to the caller,
-	// since the kernel checks napitapd's credentials, not the caller's.
-	Owner *uint32
-	Group *uint32
 	// Mark is the ifalias napitap gave the tap (tapsetup.OwnerAlias); a
 	// link of the name without it is left to the kernel. Empty: unchecked.
 	Mark string

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/tunperm"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -280,6 +281,10 @@ func Start(path string, mode os.FileMode, gid int, reg Registry, logger *slog.Lo
 	agent, err := New(reg, logger, Options{})
 	if err != nil {
 		return nil, err
+	}
+	const setIDs = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
+	if c, err := tunperm.Read(os.Getpid()); err == nil && c.CapEff&setIDs != setIDs {
+		logger.Error("seccomp agent: napitapd lacks CAP_SETUID or CAP_SETGID, without which it cannot attach a queue as the calling runtime: every TUNSETIFF is left to the kernel, without NAPI")
 	}
 	l, err := Listen(path, mode, gid)
 	if err != nil {

@@ -2,9 +2,12 @@ package threadcred_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -16,7 +19,28 @@ import (
 // status is the lines of /proc/thread-self/status that hold credentials.
 func status(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/thread-self/status")
+	return statusOf(t, "/proc/thread-self/status")
+}
+
+// threads is the status of each thread of this process.
+func threads(t *testing.T) []map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []map[string]string
+	for _, e := range ents {
+		st := statusOf(t, "/proc/self/task/"+e.Name()+"/status")
+		st["tid"] = e.Name()
+		all = append(all, st)
+	}
+	return all
+}
+
+func statusOf(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,20 +66,20 @@ func TestTheThreadTakesOnTheCredentialsAndNothingElseDoes(t *testing.T) {
 		{
 			name:  "a uid with its groups and no capability",
 			creds: threadcred.Creds{UID: 65534, GID: 65533, Groups: []uint32{1001, 1002}},
-			want: map[string]string{"Uid": "65534 65534 65534 65534", "Gid": "65533 65533 65533 65533",
-				"Groups": "1001 1002", "CapEff": "0000000000000000", "CapPrm": "0000000000000000"},
+			want: map[string]string{"Uid": "0 65534 0 65534", "Gid": "0 65533 0 65533",
+				"Groups": "1001 1002", "CapEff": "0000000000000000"},
 		},
 		{
 			name:  "a uid with CAP_NET_ADMIN keeps only that",
 			creds: threadcred.Creds{UID: 107, GID: 107, Caps: 1 << unix.CAP_NET_ADMIN},
-			want: map[string]string{"Uid": "107 107 107 107", "Gid": "107 107 107 107",
-				"Groups": "", "CapEff": "0000000000001000", "CapPrm": "0000000000001000"},
+			want: map[string]string{"Uid": "0 107 0 107", "Gid": "0 107 0 107",
+				"Groups": "", "CapEff": "0000000000001000"},
 		},
 		{
 			name:  "root without capabilities",
 			creds: threadcred.Creds{},
 			want: map[string]string{"Uid": "0 0 0 0", "Gid": "0 0 0 0",
-				"Groups": "", "CapEff": "0000000000000000", "CapPrm": "0000000000000000"},
+				"Groups": "", "CapEff": "0000000000000000"},
 		},
 	}
 	before := status(t)
@@ -70,10 +94,14 @@ func TestTheThreadTakesOnTheCredentialsAndNothingElseDoes(t *testing.T) {
 					t.Errorf("%s: %q, want %q", k, got[k], want)
 				}
 			}
-			// The process and the calling goroutine keep their own.
-			for i := 0; i < 10; i++ {
-				if now := status(t); now["Uid"] != before["Uid"] || now["CapEff"] != before["CapEff"] {
-					t.Fatalf("after Run, this thread has %v, want %v", now, before)
+			if got["CapPrm"] != before["CapPrm"] {
+				t.Errorf("CapPrm %s, want napitapd's %s kept, for the way back", got["CapPrm"], before["CapPrm"])
+			}
+			// Between calls every thread of the process, those kept for
+			// the next call among them, has the process's credentials.
+			for _, th := range threads(t) {
+				if th["Uid"] != before["Uid"] || th["Gid"] != before["Gid"] || th["CapEff"] != before["CapEff"] || th["Groups"] != before["Groups"] {
+					t.Errorf("thread %s has %v, want %v", th["tid"], th, before)
 				}
 			}
 		})
@@ -99,5 +127,33 @@ func TestTheKernelJudgesTheThreadByTheCredentials(t *testing.T) {
 	}
 	if _, err := os.ReadFile(secret); err != nil {
 		t.Errorf("root reading it after: %v", err)
+	}
+}
+
+func TestAProcessOfTheCallersUIDCannotSignalTheThread(t *testing.T) {
+	nstest.RequireRoot(t)
+	err := threadcred.Run(threadcred.Creds{UID: 107, GID: 107}, func() error {
+		// kill(tid, 0) checks the permission to signal that very thread.
+		cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -0 %d", unix.Gettid()))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 107, Gid: 107}}
+		// Forked from another thread: this one may not set a uid.
+		type res struct {
+			out []byte
+			err error
+		}
+		done := make(chan res)
+		go func() { out, err := cmd.CombinedOutput(); done <- res{out, err} }()
+		r := <-done
+		out, err := r.out, r.err
+		if err == nil {
+			return fmt.Errorf("uid 107 may signal the thread acting as it, and so SIGKILL napitapd")
+		}
+		if !strings.Contains(string(out), "not permitted") {
+			return fmt.Errorf("kill -0 as uid 107: %v: %s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
 	}
 }

@@ -29,6 +29,9 @@ type Creds struct {
 	// NetAdmin: CAP_NET_ADMIN over the tap's netns, which overrides the
 	// owner and group. Set by Of; Read leaves it false.
 	NetAdmin bool
+	// InitNetAdmin: CAP_NET_ADMIN in the initial user namespace, which
+	// IFF_NAPI_FRAGS needs. Set by Of; Read leaves it false.
+	InitNetAdmin bool
 }
 
 // OwnerGroupAllow is the first half of the kernel's rule: with an owner
@@ -55,7 +58,10 @@ func Of(pid int, netnsFD int) (Creds, error) {
 	if err != nil {
 		return c, err
 	}
-	c.NetAdmin, err = NetAdmin(pid, c, netnsFD)
+	if c.NetAdmin, err = NetAdmin(pid, c, netnsFD); err != nil {
+		return c, err
+	}
+	c.InitNetAdmin, err = initNetAdmin(pid, c)
 	return c, err
 }
 
@@ -119,14 +125,13 @@ func NetAdmin(pid int, c Creds, netnsFD int) (bool, error) {
 	}
 }
 
-// InitNetAdmin is the kernel's capable(CAP_NET_ADMIN) for pid: the
+// initNetAdmin is the kernel's capable(CAP_NET_ADMIN) for pid: the
 // capability in its effective set, and its user namespace the one napitapd
 // runs in, which must be the initial one for napitapd's own capable()
 // checks to pass.
-func InitNetAdmin(pid int) (bool, error) {
-	c, err := Read(pid)
-	if err != nil || c.CapEff&(1<<unix.CAP_NET_ADMIN) == 0 {
-		return false, err
+func initNetAdmin(pid int, c Creds) (bool, error) {
+	if c.CapEff&(1<<unix.CAP_NET_ADMIN) == 0 {
+		return false, nil
 	}
 	var caller, self unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &caller); err != nil {
