@@ -8,9 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot skips a test that needs root and network namespaces, except
@@ -67,5 +71,51 @@ func (n *NetNS) Run(t testing.TB, fn func() error) {
 	t.Helper()
 	if err := n.Do(func(ns.NetNS) error { return fn() }); err != nil {
 		t.Fatalf("in netns %s: %v", n.Name, err)
+	}
+}
+
+// WatchLinkNames records the name in every RTM_NEWLINK the kernel sends in
+// the netns (a link made, changed or renamed) from now on. The function it
+// returns stops watching and gives the names in the kernel's order,
+// repeated as often as they were announced.
+func (n *NetNS) WatchLinkNames(t testing.TB) func() []string {
+	t.Helper()
+	updates, done := make(chan netlink.LinkUpdate, 4096), make(chan struct{})
+	// The socket belongs to the netns it is made in.
+	n.Run(t, func() error { return netlink.LinkSubscribe(updates, done) })
+	var once sync.Once
+	stop := func() { once.Do(func() { close(done) }) }
+	t.Cleanup(stop)
+	return func() []string {
+		t.Helper()
+		// Announcements arrive in order: once this bridge's has, every
+		// earlier one has too.
+		end := "napiwatch" + RandomSuffix()
+		n.Run(t, func() error {
+			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: end}}
+			if err := netlink.LinkAdd(br); err != nil {
+				return err
+			}
+			return netlink.LinkDel(br)
+		})
+		defer stop()
+		var names []string
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case u, ok := <-updates:
+				if !ok {
+					t.Fatalf("netns %s: link announcements ended before %s's", n.Name, end)
+				}
+				if u.Attrs().Name == end {
+					return names
+				}
+				if u.Header.Type == unix.RTM_NEWLINK {
+					names = append(names, u.Attrs().Name)
+				}
+			case <-timeout:
+				t.Fatalf("netns %s: no announcement of %s within 10 s", n.Name, end)
+			}
+		}
 	}
 }

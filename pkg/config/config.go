@@ -36,7 +36,7 @@ const (
 )
 
 const (
-	MaxQueues = 256 // MAX_TAP_QUEUES in drivers/net/tun.c
+	MaxQueues = tapsetup.MaxQueues // MAX_TAP_QUEUES in drivers/net/tun.c
 	minMTU    = 68
 	maxMTU    = 65521 // tun: 65535 minus the Ethernet header
 	// uidInvalid is (uid_t)-1, which TUNSETOWNER/TUNSETGROUP reject.
@@ -179,9 +179,10 @@ type Config struct {
 
 	// HandoffMode is one of HandoffFDs, HandoffIntercept, HandoffOff.
 	HandoffMode string
-	// HandoffSocket is napitapd's socket, empty in HandoffOff. With
-	// HandoffRequired, ADD fails when napitapd cannot record the
-	// attachment.
+	// HandoffSocket is napitapd's socket, empty in HandoffOff. ADD fails
+	// when napitapd cannot take the attachment in HandoffFDs, where
+	// napitapd is the runtime's only way to the queues, and with
+	// HandoffRequired.
 	HandoffSocket   string
 	HandoffRequired bool
 
@@ -626,8 +627,8 @@ func (c *Config) validateValues() error {
 	if c.IPAM.Type != "" && c.Wiring != WiringNone {
 		return invalid("ipam", "only applies to wiring %q; chained wirings take addresses from prevResult", WiringNone)
 	}
-	// DEL deletes links of such names whatever their mark. Not checked for
-	// DEL itself, which must clean up after any config.
+	// DEL deletes marked links of such names as what a killed ADD left.
+	// Not checked for DEL itself, which must clean up after any config.
 	if c.TapNameGiven && tapsetup.IsTempName(c.TapName) {
 		return invalid("tapName", "%q: names starting with \"napi~\" are napitap's own, for links it is still setting up", c.TapName)
 	}

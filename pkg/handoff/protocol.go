@@ -21,7 +21,8 @@ const (
 	Version   = 1
 	MaxHeader = 64 << 10
 	// MaxFDs is the kernel's SCM_MAX_FD: one sendmsg carries no more, so a
-	// handed-off tap has at most 253 of its 256 possible queues.
+	// handed-off tap has at most 253 of its 256 possible queues (an
+	// intercepted one, whose fds napitapd never holds, may have all 256).
 	MaxFDs = 253
 
 	DefaultSocket   = "/run/napitap/napitapd.sock"
@@ -114,8 +115,14 @@ func (a *Attachment) Validate() error {
 	if err := tapsetup.ValidateLinkName(a.TapName); err != nil {
 		return fmt.Errorf("attachment %s: tapName: %w", a.Key, err)
 	}
-	if a.Queues < 1 || a.Queues > MaxFDs {
-		return fmt.Errorf("attachment %s: queues %d out of range 1-%d", a.Key, a.Queues, MaxFDs)
+	// napitapd holds no fds for an intercepted tap: the only bound is the
+	// kernel's.
+	maxQueues := MaxFDs
+	if a.Intercept {
+		maxQueues = tapsetup.MaxQueues
+	}
+	if a.Queues < 1 || a.Queues > maxQueues {
+		return fmt.Errorf("attachment %s: queues %d out of range 1-%d", a.Key, a.Queues, maxQueues)
 	}
 	if a.Queues > 1 && !a.MultiQueue {
 		return fmt.Errorf("attachment %s: %d queues on a single-queue tap", a.Key, a.Queues)

@@ -1,7 +1,9 @@
 package tapsetup
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -90,36 +92,101 @@ var ErrNotTap = errors.New("not a tap")
 // over, changes or deletes such a link.
 var ErrExists = errors.New("a link of that name already exists")
 
-// ErrBusy marks a temporary name (TempTapName, TempBridgeName) that is
-// taken. DEL removes what a killed ADD left under one.
-var ErrBusy = errors.New("another ADD of this attachment is under way, or DEL has not yet run after one that was killed")
-
 // OwnerAlias is the ifalias that marks the tap and bridge of one
 // attachment.
 func OwnerAlias(containerID, ifName string) string {
 	return "napitap:" + containerID + "/" + ifName
 }
 
-// TempTapName and TempBridgeName are the names Create and WireBridge give
-// the links of the attachment marked owner until they carry the mark. Only
-// then do the links take their real names, so that a link under a real name
-// is napitap's only if it is marked, and an unmarked link under a temporary
-// name can only be what a killed ADD left. The kernel does not set an
-// ifalias in the RTM_NEWLINK that creates a link, and tun taps cannot be
-// made by RTM_NEWLINK at all (tun_newlink: EOPNOTSUPP), so the mark cannot
-// come with the link. '~' keeps them apart from names people choose; 36
-// bits of hash keep two attachments of one pod apart.
-func TempTapName(owner string) string { return tempName("napi~t", owner) }
+// Prefixes of the temporary names; '~' keeps them apart from names people
+// choose.
+const (
+	tempTapPrefix    = "napi~t"
+	tempBridgePrefix = "napi~b"
+)
 
-// TempBridgeName: see TempTapName.
-func TempBridgeName(owner string) string { return tempName("napi~b", owner) }
-
-// IsTempName reports a name of TempTapName's or TempBridgeName's form.
+// IsTempName reports a name of the form of the temporary names Create and
+// WireBridge make links under. A link takes its real name only once it
+// carries its attachment's mark, so that a link under a real name is
+// napitap's only if it is marked. The kernel does not set an ifalias in
+// the RTM_NEWLINK that creates a link, and tun taps cannot be made by
+// RTM_NEWLINK at all (tun_newlink: EOPNOTSUPP), so the mark cannot come
+// with the link. The names are random, never derived from the attachment:
+// a pod that could work out the name of its next ADD (a hot-plug) could
+// take it first and block that ADD. A name that is taken costs a retry.
 func IsTempName(name string) bool { return strings.HasPrefix(name, "napi~") }
 
-func tempName(prefix, owner string) string {
-	sum := sha256.Sum256([]byte(owner))
-	return prefix + hex.EncodeToString(sum[:])[:15-len(prefix)]
+// newTempName is prefix and 9 random hex digits (36 bits), 15 bytes in
+// all. A variable so that a test can make it collide.
+var newTempName = func(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand, Go 1.24+)
+	return prefix + hex.EncodeToString(b)[:15-len(prefix)]
+}
+
+// tempNameTries bounds the retries: with 36 random bits, even a second
+// taken name is a sign of something else at work.
+const tempNameTries = 8
+
+// underTempName calls create with fresh temporary names until one is free
+// and returns that name. create reports a name already in use with EEXIST
+// or, for TUNSETIFF with IFF_TUN_EXCL, EBUSY.
+func underTempName(prefix string, create func(name string) error) (string, error) {
+	for range tempNameTries {
+		name := newTempName(prefix)
+		err := create(name)
+		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EBUSY) {
+			return name, err
+		}
+	}
+	return "", fmt.Errorf("%d random temporary names %s… in a row are taken", tempNameTries, prefix)
+}
+
+// creationGroup is the device group a bridge is made with until it
+// carries the mark owner: the mark cannot come with the RTM_NEWLINK that
+// makes it, the group can. 0, the kernel's default, is never one.
+func creationGroup(owner string) uint32 {
+	sum := sha256.Sum256([]byte("napitap-creation-group:" + owner))
+	return max(binary.BigEndian.Uint32(sum[:4]), 1)
+}
+
+// DeleteLeftovers removes from the current netns what an ADD killed
+// half-way left under temporary names: the taps marked owner, and the
+// bridges marked owner or, if killed before marking, made with owner's
+// creationGroup. A tap becomes persistent only once marked (Create), so an
+// unmarked one never outlives its ADD. Any other link is left alone: it is
+// not napitap's, or napitap cannot tell it from one that is not.
+func DeleteLeftovers(owner string) error {
+	if owner == "" {
+		return errors.New("no mark to tell leftovers by")
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	for _, link := range links {
+		attrs := link.Attrs()
+		if !IsTempName(attrs.Name) {
+			continue
+		}
+		switch link.(type) {
+		case *netlink.Tuntap:
+			if attrs.Alias != owner {
+				continue
+			}
+		case *netlink.Bridge:
+			unmarked := attrs.Alias == "" && attrs.Group == creationGroup(owner)
+			if attrs.Alias != owner && !unmarked {
+				continue
+			}
+		default:
+			continue
+		}
+		if err := netlink.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+			return fmt.Errorf("%s %q: delete: %w", link.Type(), attrs.Name, err)
+		}
+	}
+	return nil
 }
 
 // ExistsError is ErrExists for one link, saying what it is and how it is
@@ -150,10 +217,9 @@ func RequireFree(name string) error {
 }
 
 // DeleteTap removes the tap name from the current netns if it is a tuntap
-// link marked owner. An empty owner takes any tuntap link: for a name only
-// napitap uses (TempTapName) or a tap the caller made itself. A missing
-// link is success; any other link is left alone and reported with
-// ErrNotTap.
+// link marked owner. An empty owner takes any tuntap link, for a tap the
+// caller made itself. A missing link is success; any other link is left
+// alone and reported with ErrNotTap.
 func DeleteTap(name, owner string) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {

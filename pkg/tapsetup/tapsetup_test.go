@@ -174,49 +174,49 @@ func TestCreateNeverAdoptsAnExistingLink(t *testing.T) {
 	}
 }
 
-// TestCreateFailsOnATakenTemporaryName: another ADD of the attachment, or
-// a killed one DEL has not cleaned up after, holds the temporary name.
-func TestCreateFailsOnATakenTemporaryName(t *testing.T) {
+// TestEveryLinkGetsAFreshTemporaryName: temporary names are drawn at
+// random, so that a pod that saw one cannot take the next ADD's first: two
+// rounds of one attachment's tap and bridge pass through four different
+// names, each of the temporary form.
+func TestEveryLinkGetsAFreshTemporaryName(t *testing.T) {
 	nstest.RequireRoot(t)
-	pod := nstest.New(t, "tapsetup")
-	owner := tapsetup.OwnerAlias("napitap-test", "net1")
+	pod := bridgePod(t)
+	owner := tapsetup.OwnerAlias("napitap-test", "eth0")
+	watch := pod.WatchLinkNames(t)
 	pod.Run(t, func() error {
-		leftover := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempTapName(owner)}, Mode: netlink.TUNTAP_MODE_TAP}
-		if err := netlink.LinkAdd(leftover); err != nil {
-			return err
-		}
-		tapsetup.CloseQueues(leftover.Fds)
-		_, _, err := tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 1, Alias: owner})
-		if !errors.Is(err, tapsetup.ErrBusy) {
-			t.Errorf("Create with its temporary name taken: got %v, want ErrBusy", err)
-		}
-		if links := linkNames(t); !slices.Equal(links, []string{"lo", tapsetup.TempTapName(owner)}) {
-			t.Errorf("links after the failed Create: %v, want lo and the leftover alone", links)
+		for range 2 {
+			_, queues, err := tapsetup.Create(tapsetup.Spec{Name: "napitest0", Queues: 1, Alias: owner})
+			if err != nil {
+				return err
+			}
+			tapsetup.CloseQueues(queues)
+			undo, err := tapsetup.WireBridge("br0", "eth0", "napitest0", net.HardwareAddr{0x02, 0x4e, 0x41, 0, 0, 0x03}, owner)
+			if err != nil {
+				return err
+			}
+			if err := undo(); err != nil {
+				return err
+			}
+			if err := tapsetup.DeleteTap("napitest0", owner); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
-}
-
-func TestTempNames(t *testing.T) {
-	owners := []string{tapsetup.OwnerAlias("napitap-test", "net1"), tapsetup.OwnerAlias("napitap-test", "net2"),
-		tapsetup.OwnerAlias("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "pod0123456789a"), ""}
-	seen := map[string]bool{}
-	for _, owner := range owners {
-		for _, name := range []string{tapsetup.TempTapName(owner), tapsetup.TempBridgeName(owner)} {
-			if err := tapsetup.ValidateLinkName(name); err != nil || len(name) != 15 {
-				t.Errorf("temporary name %q of %q: %v, want a valid name of 15 bytes", name, owner, err)
-			}
-			if !tapsetup.IsTempName(name) {
-				t.Errorf("IsTempName(%q) is false", name)
-			}
-			if seen[name] {
-				t.Errorf("temporary name %q is given twice", name)
-			}
-			seen[name] = true
+	var temps []string
+	for _, name := range watch() {
+		if tapsetup.IsTempName(name) && !slices.Contains(temps, name) {
+			temps = append(temps, name)
 		}
 	}
-	if tapsetup.TempTapName(owners[0]) != tapsetup.TempTapName(owners[0]) {
-		t.Error("TempTapName is not stable")
+	if len(temps) != 4 {
+		t.Fatalf("temporary names of two taps and two bridges: %q, want 4 different ones", temps)
+	}
+	for i, name := range temps {
+		prefix := []string{"napi~t", "napi~b"}[i%2]
+		if err := tapsetup.ValidateLinkName(name); err != nil || len(name) != 15 || !strings.HasPrefix(name, prefix) {
+			t.Errorf("temporary name %q: %v, want a valid name of 15 bytes starting %s", name, err, prefix)
+		}
 	}
 }
 
@@ -347,8 +347,7 @@ func TestDeleteTapDeletesOnlyWhatIsMarkedAsTheOwners(t *testing.T) {
 		{"a tap marked as another attachment's is left alone", tap("napitest0", tapsetup.OwnerAlias("napitap-test", "net2")), "napitest0", owner, tapsetup.ErrNotTap, false},
 		{"a bridge is left alone", func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}) }, "napitest0", owner, tapsetup.ErrNotTap, false},
 		{"a bridge is left alone even with no owner given", func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "napitest0"}}) }, "napitest0", "", tapsetup.ErrNotTap, false},
-		{"an unmarked tap under the temporary name goes with no owner given", tap(tapsetup.TempTapName(owner), ""), tapsetup.TempTapName(owner), "", nil, true},
-		{"a marked tap under the temporary name goes with no owner given", tap(tapsetup.TempTapName(owner), owner), tapsetup.TempTapName(owner), "", nil, true},
+		{"an unmarked tap goes with no owner given", tap("napitest0", ""), "napitest0", "", nil, true},
 		{"a missing link is success", func() error { return nil }, "napimissing0", owner, nil, true},
 	}
 	for _, tc := range cases {
@@ -492,9 +491,6 @@ func TestUnwireBridgeTouchesOnlyAMarkedBridge(t *testing.T) {
 			tapsetup.CloseQueues(tt.Fds)
 			return netlink.LinkSetAlias(tt, owner)
 		}, nil, false},
-		{"an unmarked bridge under the temporary name goes and the peer is left alone", func() error {
-			return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempBridgeName(owner)}})
-		}, []string{tapsetup.TempBridgeName(owner)}, false},
 		{"the attachment's own bridge goes and the peer gets its identity back", bridgeWithPeer("br0", owner), []string{"br0"}, true},
 	}
 	for _, tc := range cases {
@@ -558,7 +554,6 @@ func TestWireBridgeMarksItsBridgeAndNeverTakesAnother(t *testing.T) {
 		{"a new bridge is marked as the attachment's", nil, nil},
 		{"an unmarked bridge of the name fails and is left alone", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}, tapsetup.ErrExists},
 		{"a veth of the name fails and is left alone", &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "br0"}, PeerName: "br0p"}, tapsetup.ErrExists},
-		{"a bridge under the temporary name fails with ErrBusy and is left alone", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: tapsetup.TempBridgeName(owner)}}, tapsetup.ErrBusy},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -589,11 +584,13 @@ func TestWireBridgeMarksItsBridgeAndNeverTakesAnother(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if br.Attrs().Alias != owner {
-					t.Errorf("bridge ifalias %q, want %q", br.Attrs().Alias, owner)
+				if br.Attrs().Alias != owner || br.Attrs().Group != 0 {
+					t.Errorf("bridge ifalias %q group %d, want %q and the default group 0", br.Attrs().Alias, br.Attrs().Group, owner)
 				}
-				if _, err := netlink.LinkByName(tapsetup.TempBridgeName(owner)); err == nil {
-					t.Errorf("a link is left under the temporary name %q", tapsetup.TempBridgeName(owner))
+				for _, name := range linkNames(t) {
+					if tapsetup.IsTempName(name) {
+						t.Errorf("a link is left under the temporary name %q", name)
+					}
 				}
 				// As a failed ADD does: the pod exactly as before.
 				if err := undo(); err != nil {

@@ -100,34 +100,36 @@ func CheckFeatures(flags QueueFlags) error {
 	return RequireKernel(needs, have, "")
 }
 
+// MaxQueues is MAX_TAP_QUEUES in drivers/net/tun.c: a tap has at most
+// this many queues.
+const MaxQueues = 256
+
 // Create makes the persistent tap of spec in the current netns and returns
 // it with its queues open, so that NAPI knobs can be applied while every
 // queue is attached (fact 9). It fails with ErrExists if a link of that
 // name exists: the tap must be ours. On error nothing is left behind.
 //
-// The tap is made and set up under TempTapName and takes its name only
-// once marked with spec.Alias (see TempTapName), so a link of spec.Name is
-// napitap's exactly when it carries the mark. Queues stay attached across
-// the rename. Without an alias (tests, benchmarks) the temporary name comes
-// from the tap's name.
+// The tap is made under a random temporary name, marked with spec.Alias,
+// only then made persistent, and takes its name last (see IsTempName): a
+// link of spec.Name is napitap's exactly when it carries the mark, and a
+// tap of an ADD killed half-way either goes with its last queue or carries
+// the mark DeleteLeftovers goes by. Queues stay attached across the rename.
 func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
-	if spec.Queues < 1 {
-		return nil, nil, fmt.Errorf("tap %q: %d queues requested", spec.Name, spec.Queues)
+	if spec.Queues < 1 || spec.Queues > MaxQueues {
+		return nil, nil, fmt.Errorf("tap %q: %d queues requested, want 1-%d", spec.Name, spec.Queues, MaxQueues)
 	}
 	// Fail before making anything; the rename is what settles a race.
 	if err := RequireFree(spec.Name); err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
-	temp := TempTapName(spec.Alias)
-	if spec.Alias == "" {
-		temp = TempTapName("name:" + spec.Name)
-	}
-	// IFF_TUN_EXCL turns "attach to an existing tap" into EBUSY.
-	first, err := openQueue(temp, spec.Flags.ifrFlags()|unix.IFF_TUN_EXCL)
+	// IFF_TUN_EXCL turns "attach to an existing link" into EBUSY, so the
+	// tap is always a new one.
+	var first *os.File
+	temp, err := underTempName(tempTapPrefix, func(name string) (err error) {
+		first, err = openQueue(name, spec.Flags.ifrFlags()|unix.IFF_TUN_EXCL)
+		return err
+	})
 	if err != nil {
-		if errors.Is(err, unix.EBUSY) {
-			return nil, nil, fmt.Errorf("tap %q: its temporary name %q is taken: %w", spec.Name, temp, ErrBusy)
-		}
 		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	queues = []*os.File{first}
@@ -140,6 +142,16 @@ func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 		}
 	}()
 
+	link, err := netlinksafe.LinkByName(temp)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
+	}
+	// Before TUNSETPERSIST: until then the tap goes with its last queue.
+	if spec.Alias != "" {
+		if err = netlink.LinkSetAlias(link, spec.Alias); err != nil {
+			return nil, nil, fmt.Errorf("tap %q: set alias %q: %w", spec.Name, spec.Alias, err)
+		}
+	}
 	if err = configureDevice(first, spec); err != nil {
 		return nil, nil, err
 	}
@@ -149,10 +161,6 @@ func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	}
 	queues = append(queues, rest...)
 
-	link, err := netlinksafe.LinkByName(temp)
-	if err != nil {
-		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
-	}
 	if err = applyLinkAttrs(link, spec); err != nil {
 		return nil, nil, err
 	}
@@ -223,11 +231,6 @@ func applyLinkAttrs(link netlink.Link, spec Spec) error {
 	if spec.RootQdisc != "" {
 		if err := setRootQdisc(link, spec.RootQdisc); err != nil {
 			return fmt.Errorf("tap %q: %w", spec.Name, err)
-		}
-	}
-	if spec.Alias != "" {
-		if err := netlink.LinkSetAlias(link, spec.Alias); err != nil {
-			return fmt.Errorf("tap %q: set alias %q: %w", spec.Name, spec.Alias, err)
 		}
 	}
 	return nil

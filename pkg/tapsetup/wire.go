@@ -170,7 +170,7 @@ func removeClsactIfUnused(link netlink.Link) error {
 // tap, and loses its addresses, since the pod's stack would otherwise answer
 // ARP for them through the bridge. alias marks the bridge as the
 // attachment's, as it marks the tap; the bridge takes its name only once
-// marked (see TempTapName), and before the peer is touched. It fails with
+// marked (see IsTempName), and before the peer is touched. It fails with
 // ErrExists if a link called brName exists.
 //
 // On error it undoes itself. Otherwise it returns undo, for an ADD that
@@ -281,15 +281,20 @@ type PeerRoute struct {
 	GW  net.IP
 }
 
-// createMarkedBridge makes bridge name, marked alias, under
-// TempBridgeName(alias) and renames it once marked.
+// createMarkedBridge makes bridge name, marked alias, under a random
+// temporary name and renames it once marked (see IsTempName). Until the
+// mark is set, the bridge's device group, which the RTM_NEWLINK that makes
+// it can carry, tells DeleteLeftovers whose it is.
 func createMarkedBridge(name, alias string, mtu int) (err error) {
-	temp := TempBridgeName(alias)
-	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: temp, MTU: mtu}}); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("bridge %q: its temporary name %q is taken: %w", name, temp, ErrBusy)
+	temp, err := underTempName(tempBridgePrefix, func(try string) error {
+		attrs := netlink.LinkAttrs{Name: try, MTU: mtu, Group: creationGroup(alias)}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
+			return fmt.Errorf("create as %q: %w", try, err)
 		}
-		return fmt.Errorf("bridge %q: create as %q: %w", name, temp, err)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bridge %q: %w", name, err)
 	}
 	br, err := netlinksafe.LinkByName(temp)
 	if err != nil {
@@ -303,6 +308,9 @@ func createMarkedBridge(name, alias string, mtu int) (err error) {
 	}()
 	if err := netlink.LinkSetAlias(br, alias); err != nil {
 		return fmt.Errorf("bridge %q: set alias %q: %w", name, alias, err)
+	}
+	if err := netlink.LinkSetGroup(br, 0); err != nil {
+		return fmt.Errorf("bridge %q: set group 0: %w", name, err)
 	}
 	if err := netlink.LinkSetName(br, name); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -319,25 +327,12 @@ func createMarkedBridge(name, alias string, mtu int) (err error) {
 // alias, it takes the peer out of it, gives the peer back what is known of
 // its identity and deletes the bridge; the bridge last, so that a DEL that
 // fails half-way still finds its bridge when tried again. A bridge that is
-// not marked so is someone else's: it and the peer are left alone. A bridge
-// under TempBridgeName(alias) is what an ADD killed before marking it left
-// (it never had ports) and goes whatever its mark. Everything already gone
-// is fine.
+// not marked so is someone else's: it and the peer are left alone.
+// Everything already gone is fine.
 func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
 	if alias == "" {
 		return fmt.Errorf("bridge %q: no mark to tell it by", brName)
 	}
-	temp := TempBridgeName(alias)
-	if link, err := netlinksafe.LinkByName(temp); err == nil {
-		if _, ok := link.(*netlink.Bridge); ok {
-			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-				return fmt.Errorf("bridge %q: delete: %w", temp, err)
-			}
-		}
-	} else if !isNotFound(err) {
-		return fmt.Errorf("bridge %q: %w", temp, err)
-	}
-
 	br, err := netlinksafe.LinkByName(brName)
 	if err != nil {
 		if isNotFound(err) {

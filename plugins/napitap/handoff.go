@@ -18,8 +18,10 @@ import (
 // runtime fetches them: NAPI only reaches a guest through fds napitap
 // opened, or through napitapd's TUNSETIFF on the runtime's own fd
 // (DESIGN.md facts 6, 12). In intercept mode napitapd records the
-// attachment without fds, for the latter. Without "required", a napitapd
-// that cannot take them is logged and ADD goes on.
+// attachment without fds, for the latter; without "required", a napitapd
+// that cannot record it is logged and ADD goes on, as the runtime's own
+// open still works. In fds mode napitapd is the runtime's only way to the
+// queues, so ADD fails whatever "required" says.
 func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, queues []*os.File) error {
 	if conf.HandoffSocket == "" {
 		return nil
@@ -51,8 +53,8 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 	if errors.As(err, &cniErr) {
 		return err
 	}
-	if !conf.HandoffRequired {
-		fmt.Fprintf(os.Stderr, "napitap: tap %q of %s: napitapd did not take the attachment, the VMM's queues will have no NAPI: %v\n", att.TapName, att.Key, err)
+	if !handoffNeeded(conf) {
+		fmt.Fprintf(os.Stderr, "napitap: tap %q of %s: napitapd did not record the attachment, the VMM's queues will have no NAPI: %v\n", att.TapName, att.Key, err)
 		return nil
 	}
 	// napitapd refused (a protocol error): say why. Anything else is
@@ -62,6 +64,11 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 		return fmt.Errorf("handoff of tap %q: %w", att.TapName, err)
 	}
 	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
+}
+
+// handoffNeeded: ADD fails when napitapd cannot take the attachment.
+func handoffNeeded(conf *config.Config) bool {
+	return conf.HandoffRequired || conf.HandoffMode == config.HandoffFDs
 }
 
 // checkSocket: a path that exists but is no socket is a config error, not

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,7 +27,7 @@ type napitapd struct {
 	stop             func()
 }
 
-func startNapitapd(t *testing.T, stateDir string) *napitapd {
+func startNapitapd(t testing.TB, stateDir string) *napitapd {
 	t.Helper()
 	if stateDir == "" {
 		stateDir = t.TempDir()
@@ -51,6 +52,14 @@ func (d *napitapd) client() *handoff.Client { return &handoff.Client{Socket: d.s
 
 func handoffConf(socket string, required bool) string {
 	return fmt.Sprintf(`"handoff":{"socket":%q,"required":%v}`, socket, required)
+}
+
+// nodeHandoff starts a napitapd of the test's own and returns the
+// "handoff" member of the default fds mode with its socket: what a node
+// runs, and without which a fds-mode ADD fails.
+func nodeHandoff(t testing.TB) string {
+	t.Helper()
+	return fmt.Sprintf(`"handoff":{"socket":%q}`, startNapitapd(t, "").socket)
 }
 
 func TestHandoffKeepsTheQueuesUntilDel(t *testing.T) {
@@ -83,28 +92,47 @@ func TestHandoffKeepsTheQueuesUntilDel(t *testing.T) {
 	}
 }
 
+// TestHandoffWithoutNapitapd: when napitapd cannot take the attachment,
+// ADD fails with code 11 and leaves no tap and no address behind, and
+// STATUS answers code 50, except in intercept mode without "required":
+// there the runtime's own by-name open still gets queues, if plain ones.
+// In fds mode napitapd is the VMM's only way to its queues, so "required"
+// makes no difference.
 func TestHandoffWithoutNapitapd(t *testing.T) {
 	notASocket := filepath.Join(t.TempDir(), "plain-file")
 	if err := os.WriteFile(notASocket, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	const nowhere = "/run/napitap-test-nowhere.sock"
 	cases := []struct {
 		name      string
+		mode      string
 		socket    string
 		required  bool
 		wantCode  uint // 0: ADD succeeds
 		wantField string
 	}{
-		{"a required napitapd that is down fails ADD with try-again-later", "/run/napitap-test-nowhere.sock", true, types.ErrTryAgainLater, "handoff"},
-		{"an optional napitapd that is down lets ADD succeed", "/run/napitap-test-nowhere.sock", false, 0, ""},
-		{"a socket path that is a plain file is a config error", notASocket, true, types.ErrInvalidNetworkConfig, "handoff.socket"},
+		{"fds mode with a required napitapd that is down fails ADD with try-again-later", "fds", nowhere, true, types.ErrTryAgainLater, "handoff"},
+		{"fds mode with an optional napitapd that is down fails ADD with try-again-later all the same", "fds", nowhere, false, types.ErrTryAgainLater, "handoff"},
+		{"intercept mode with a required napitapd that is down fails ADD with try-again-later", "intercept", nowhere, true, types.ErrTryAgainLater, "handoff"},
+		{"intercept mode with an optional napitapd that is down lets ADD succeed", "intercept", nowhere, false, 0, ""},
+		{"a socket path that is a plain file is a config error", "fds", notASocket, false, types.ErrInvalidNetworkConfig, "handoff.socket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
 			before := e.PodLinks()
-			list := e.List("1.1.0", `{"type":"napitap","queues":2,`+handoffConf(tc.socket, tc.required)+`}`)
+			list := e.List("1.1.0", fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"mode":%q,"socket":%q,"required":%v},"ipam":%s}`,
+				tc.mode, tc.socket, tc.required, e.Ipam()))
 			rt := e.RT("tap0")
+			leases := func() []string {
+				l, _ := filepath.Glob(filepath.Join(e.DataDir, "ipam", "*", "10.*"))
+				return l
+			}
+			status := e.InHost(func() error { return e.CNI.GetStatusNetworkList(context.Background(), list) })
+			if code := cnitest.CNICode(status); (tc.wantCode == 0) != (status == nil) || status != nil && code != types.ErrPluginNotAvailable {
+				t.Errorf("STATUS: %v (code %d), want it to fail with code %d exactly when ADD does", status, code, types.ErrPluginNotAvailable)
+			}
 			_, err := e.Add(list, rt)
 			if tc.wantCode == 0 {
 				if err != nil {
@@ -121,6 +149,33 @@ func TestHandoffWithoutNapitapd(t *testing.T) {
 			}
 			if after := e.PodLinks(); !slices.Equal(before, after) {
 				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
+			}
+			if l := leases(); len(l) != 0 {
+				t.Errorf("host-local leases after the failed ADD: %v", l)
+			}
+		})
+	}
+}
+
+// TestInterceptRecordsAsManyQueuesAsATapHas: napitapd holds no fds for an
+// intercept-mode attachment, so it records any queue count a tap can have
+// (MAX_TAP_QUEUES, 256), beyond the 253 fds one message carries in fds
+// mode.
+func TestInterceptRecordsAsManyQueuesAsATapHas(t *testing.T) {
+	for _, queues := range []int{254, 256} {
+		t.Run(fmt.Sprintf("an intercept-mode tap of %d queues is recorded", queues), func(t *testing.T) {
+			e := cnitest.NewEnv(t, binDir)
+			d := startNapitapd(t, "")
+			list := e.List("1.1.0", fmt.Sprintf(`{"type":"napitap","queues":%d,"handoff":{"mode":"intercept","socket":%q,"required":true}}`, queues, d.socket))
+			rt := e.RT("tap0")
+			e.MustAdd(list, rt)
+			t.Cleanup(func() { _ = e.Del(list, rt) })
+			atts, err := d.client().List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(atts) != 1 || atts[0].Queues != queues || !atts[0].Intercept || atts[0].Held != 0 {
+				t.Errorf("napitapd records %+v, want tap0 of %d queues, intercepted, no fds held", atts, queues)
 			}
 		})
 	}

@@ -251,18 +251,15 @@ func cmdDel(args *skel.CmdArgs) error {
 			return err
 		}
 		// Only taps marked as this attachment's: after a failed ADD the
-		// name may well be someone else's (KubeVirt's tap0, say). Under the
-		// temporary name, any tap is what a killed ADD left.
+		// name may well be someone else's (KubeVirt's tap0, say).
 		owner := tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		for _, name := range tapsToDelete(conf, args.IfName) {
 			if err := tapsetup.DeleteTap(name, owner); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
 				return err
 			}
 		}
-		if err := tapsetup.DeleteTap(tapsetup.TempTapName(owner), ""); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
-			return err
-		}
-		return nil
+		// What an ADD killed before its renames left under temporary names.
+		return tapsetup.DeleteLeftovers(owner)
 	})
 	if isGone(err) {
 		return nil // the runtime removed the netns, and the tap with it
@@ -289,14 +286,10 @@ func requireNamesFree(conf *config.Config, args *skel.CmdArgs) error {
 
 // nameError makes the CNI error of a failure to create the tap or the
 // bridge (kind). A name another link holds is the fault of whoever chose
-// the name: the config (code 7) or, for a default, CNI_IFNAME (code 4). A
-// temporary name in use passes once the ADD under way or the runtime's DEL
-// is done (code 11). Anything else is wrapped as it is.
+// the name: the config (code 7) or, for a default, CNI_IFNAME (code 4).
+// Anything else is wrapped as it is.
 func nameError(conf *config.Config, args *skel.CmdArgs, kind string, err error) error {
-	switch {
-	case errors.Is(err, tapsetup.ErrBusy):
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("netns %s: %v", args.Netns, err), "")
-	case !errors.Is(err, tapsetup.ErrExists):
+	if !errors.Is(err, tapsetup.ErrExists) {
 		return fmt.Errorf("netns %s: %w", args.Netns, err)
 	}
 	cause := tapsetup.ErrExists.Error()
@@ -441,18 +434,18 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err := requireKernel(conf); err != nil {
 		return err
 	}
-	// With the hand-off required, ADD cannot work without napitapd.
-	if conf.HandoffRequired {
-		if _, err := (&handoff.Client{Socket: conf.HandoffSocket}).List(); err != nil {
-			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
-		}
-	}
 	if conf.IPAM.Type != "" {
 		if err := ipamexec.Status(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
 			if errors.Is(err, ipamexec.ErrNotFound) {
 				return types.NewError(types.ErrPluginNotAvailable, "ipam.type: "+err.Error(), "")
 			}
 			return ipamError(err)
+		}
+	}
+	// ADD cannot work without napitapd in fds mode, or with "required".
+	if handoffNeeded(conf) {
+		if _, err := (&handoff.Client{Socket: conf.HandoffSocket}).List(); err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
 		}
 	}
 	return nil

@@ -32,7 +32,7 @@ var allVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 type scenario struct {
 	name    string
-	plugins func(e *cnitest.Env) []string
+	plugins func(e *cnitest.Env, handoff string) []string // handoff: napitap's "handoff" member
 	ifName  string
 	tapName string
 	chained bool
@@ -44,23 +44,25 @@ type scenario struct {
 var scenarios = []scenario{
 	{
 		name: "standalone with host-local IPAM",
-		plugins: func(e *cnitest.Env) []string {
-			return []string{`{"type":"napitap","queues":4,"ipam":` + e.Ipam() + `}`}
+		plugins: func(e *cnitest.Env, handoff string) []string {
+			return []string{`{"type":"napitap","queues":4,"ipam":` + e.Ipam() + `,` + handoff + `}`}
 		},
 		ifName:  "tap0",
 		tapName: "tap0",
 	},
 	{
-		name:    "chained after bridge with tc-redirect",
-		plugins: func(e *cnitest.Env) []string { return []string{e.BridgePlugin(), `{"type":"napitap","queues":4}`} },
+		name: "chained after bridge with tc-redirect",
+		plugins: func(e *cnitest.Env, handoff string) []string {
+			return []string{e.BridgePlugin(), `{"type":"napitap","queues":4,` + handoff + `}`}
+		},
 		ifName:  "eth0",
 		tapName: "tap0",
 		chained: true,
 	},
 	{
 		name: "chained after bridge with a bridge in the pod",
-		plugins: func(e *cnitest.Env) []string {
-			return []string{e.BridgePlugin(), `{"type":"napitap","queues":2,"wiring":"bridge"}`}
+		plugins: func(e *cnitest.Env, handoff string) []string {
+			return []string{e.BridgePlugin(), `{"type":"napitap","queues":2,"wiring":"bridge",` + handoff + `}`}
 		},
 		ifName:            "net1",
 		tapName:           "tap1",
@@ -68,8 +70,10 @@ var scenarios = []scenario{
 		takesPeerIdentity: true,
 	},
 	{
-		name:    "chained after ptp with tc-redirect",
-		plugins: func(e *cnitest.Env) []string { return []string{e.PtpPlugin(), `{"type":"napitap","queues":3}`} },
+		name: "chained after ptp with tc-redirect",
+		plugins: func(e *cnitest.Env, handoff string) []string {
+			return []string{e.PtpPlugin(), `{"type":"napitap","queues":3,` + handoff + `}`}
+		},
 		ifName:  "eth0",
 		tapName: "tap0",
 		chained: true,
@@ -84,7 +88,7 @@ func TestEveryVerbInEverySpecVersion(t *testing.T) {
 			t.Run(sc.name+" in spec "+v, func(t *testing.T) {
 				e := cnitest.NewEnv(t, binDir)
 				before := e.PodLinks()
-				list := e.List(v, sc.plugins(e)...)
+				list := e.List(v, sc.plugins(e, nodeHandoff(t))...)
 				rt := e.RT(sc.ifName)
 				res := e.MustAdd(list, rt)
 
@@ -146,7 +150,9 @@ func TestTrafficCrossesTheWiring(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
-			list := e.List("1.1.0", sc.plugins(e)...)
+			// The guest opens the tap by name, as a runtime does with the
+			// hand-off off.
+			list := e.List("1.1.0", sc.plugins(e, `"handoff":{"mode":"off"}`)...)
 			rt := e.RT(sc.ifName)
 			res := e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -271,7 +277,7 @@ func TestCheckNamesWhatDrifted(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
-			list := e.List("1.0.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01"}`)
+			list := e.List("1.0.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"mac":"02:00:00:00:00:01",`+nodeHandoff(t)+`}`)
 			rt := e.RT("eth0")
 			e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -314,7 +320,8 @@ func TestCheckWhenTheRuntimeOpensTheTapByName(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
-			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"mode":%q,"socket":"/nonexistent/napitapd.sock"}}`, tc.mode))
+			d := startNapitapd(t, "")
+			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"mode":%q,"socket":%q}}`, tc.mode, d.socket))
 			rt := e.RT("eth0")
 			e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -360,7 +367,8 @@ func TestCheckOfTheRootQdiscWhenLibvirtOpensTheTap(t *testing.T) {
 			if tc.rootQdisc != "" {
 				qdisc = fmt.Sprintf(`,"rootQdisc":%q`, tc.rootQdisc)
 			}
-			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2%s,"handoff":{"mode":%q,"socket":"/nonexistent/napitapd.sock"}}`, qdisc, tc.mode))
+			d := startNapitapd(t, "")
+			list := e.List("1.0.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2%s,"handoff":{"mode":%q,"socket":%q}}`, qdisc, tc.mode, d.socket))
 			rt := e.RT("eth0")
 			e.MustAdd(list, rt)
 			t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -408,7 +416,7 @@ func TestMACPrecedence(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := cnitest.NewEnv(t, binDir)
-			list := e.List("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true}}`, cfg))
+			list := e.List("1.0.0", fmt.Sprintf(`{"type":"napitap","mac":%q,"capabilities":{"mac":true},%s}`, cfg, nodeHandoff(t)))
 			rt := e.RT("tap0")
 			rt.Args = tc.args
 			if tc.capability {
@@ -426,7 +434,7 @@ func TestMACPrecedence(t *testing.T) {
 // TestPerPodArgs: Multus hands a pod's cni-args to the plugin as args.cni.
 func TestPerPodArgsOverrideTheNetwork(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	list := e.List("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}}}`)
+	list := e.List("1.0.0", `{"type":"napitap","queues":1,"args":{"cni":{"queues":8,"threadedNapi":true,"mac":"02:00:00:00:00:42"}},`+nodeHandoff(t)+`}`)
 	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -523,7 +531,7 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 
 func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
+	list := e.List("1.0.0", `{"type":"napitap","queues":2,`+nodeHandoff(t)+`}`)
 	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -538,7 +546,7 @@ func TestSecondAddLeavesTheFirstIntact(t *testing.T) {
 
 func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	list := e.List("1.0.0", `{"type":"napitap","queues":2}`)
+	list := e.List("1.0.0", `{"type":"napitap","queues":2,`+nodeHandoff(t)+`}`)
 	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	rt.NetNS = "/run/netns/napitap-does-not-exist"
@@ -555,7 +563,7 @@ func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
 // exec'd through libcni as a runtime does.
 func BenchmarkAddDel4QueueNAPI(b *testing.B) {
 	e := cnitest.NewEnv(b, binDir)
-	list, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"napitap-bench","plugins":[{"type":"napitap","queues":4}]}`))
+	list, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"napitap-bench","plugins":[{"type":"napitap","queues":4,` + nodeHandoff(b) + `}]}`))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -592,7 +600,7 @@ func TestKernelThatCannotServeTheConfigIsReported(t *testing.T) {
 		{"STATUS of the defaults without threaded answers code 50 naming threadedNapi", noKnobs, "STATUS", `"queues":2`, []string{"threadedNapi", "threaded NAPI (Linux 5.12+)"}},
 		{"ADD of the defaults without threaded answers code 50 before making anything", noKnobs, "ADD", `"queues":2`, []string{"threadedNapi", "/sys/class/net/lo has no threaded"}},
 		{"ADD without napi_defer_hard_irqs answers code 50 naming napiDeferHardIrqs", noKnobs, "ADD", `"threadedNapi":false,"napiDeferHardIrqs":2`, []string{"napiDeferHardIrqs", "Linux 5.10+"}},
-		{"STATUS of a config that sets no knob is served without them", noKnobs, "STATUS", `"threadedNapi":false`, nil},
+		{"STATUS of a config that sets no knob is served without them", noKnobs, "STATUS", `"threadedNapi":false,` + nodeHandoff(t), nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -660,7 +668,7 @@ func TestStatusRefusesAConfigNoADDCouldTake(t *testing.T) {
 
 func TestNAPIKnobsAreApplied(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	list := e.List("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2}`)
+	list := e.List("1.1.0", `{"type":"napitap","queues":4,"threadedNapi":true,"groFlushTimeout":50000,"napiDeferHardIrqs":2,`+nodeHandoff(t)+`}`)
 	rt := e.RT("tap0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
@@ -790,7 +798,7 @@ func TestStandaloneTapGetsTheIPAMAddressAndRoutes(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	ipam := `{"type":"host-local","subnet":"10.199.0.0/24","gateway":"10.199.0.1","dataDir":"` + filepath.Join(e.DataDir, "ipam") +
 		`","routes":[{"dst":"10.196.0.0/16"},{"dst":"10.195.0.0/16","gw":"10.199.0.9"}]}`
-	list := e.List("1.1.0", `{"type":"napitap","queues":2,"ipam":`+ipam+`}`)
+	list := e.List("1.1.0", `{"type":"napitap","queues":2,"ipam":`+ipam+`,`+nodeHandoff(t)+`}`)
 	rt := e.RT("tap0")
 	res := e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })

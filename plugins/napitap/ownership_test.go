@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/napitap/napitap/internal/cnitest"
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -179,56 +181,123 @@ func TestFailedAddAndItsDelLeaveOthersLinksAlone(t *testing.T) {
 	}
 }
 
+// tempName is a name of napitap's temporary form, 15 bytes like its own.
+func tempName(prefix string) string { return prefix + "0" + nstest.RandomSuffix() + "00" }
+
+// foreignMarkedBridge makes an empty bridge, as WireBridge does before it
+// renames one.
+func foreignMarkedBridge(name, alias string) func() error {
+	return func() error {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+		if err := netlink.LinkAdd(br); err != nil {
+			return err
+		}
+		return netlink.LinkSetAlias(br, alias)
+	}
+}
+
+// foreignMarkedVeth makes a veth with a short peer, marked alias.
+func foreignMarkedVeth(name, alias string) func() error {
+	return func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "napipeer" + nstest.RandomSuffix()}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		if alias == "" {
+			return nil
+		}
+		return netlink.LinkSetAlias(veth, alias)
+	}
+}
+
 // TestDelRemovesWhatAKilledAddLeftUnderATemporaryName: an ADD killed
-// between making a link and renaming it leaves it under its temporary name,
-// marked or not. A new ADD of the attachment then fails with code 11 and
-// changes nothing; DEL removes exactly the leftover, and ADD works again.
+// after making a link persistent and before renaming it leaves it under a
+// temporary name, marked as the attachment's. It does not stand in the way
+// of the next ADD; DEL removes it with the rest, and leaves alone what
+// napitap did not make, whatever its name.
 func TestDelRemovesWhatAKilledAddLeftUnderATemporaryName(t *testing.T) {
+	// The wiring is given: the prevResult DEL gets here is the previous
+	// plugin's, not ADD's, which would tell it. Bridge wiring's comes
+	// without routes, so that DEL gives eth0 back only what it has.
+	const (
+		redirect = `"wiring":"tc-redirect"`
+		bridged  = `"wiring":"bridge","prevResult":{"cniVersion":"1.0.0",` +
+			`"interfaces":[{"name":"eth0","mac":"$PEERMAC","sandbox":"$POD"}],` +
+			`"ips":[{"address":"10.199.0.2/24","interface":0}]}`
+	)
 	cases := []struct {
 		name     string
-		leftover func(owner string) (string, func() error)
+		leftover func(name, owner string) func() error
+		prefix   string
 		fields   string
+		wantGone bool
 	}{
-		{"an unmarked tap, as a kill right after TUNSETIFF leaves", func(owner string) (string, func() error) {
-			return tapsetup.TempTapName(owner), foreignTap(tapsetup.TempTapName(owner), "")
-		}, ""},
-		{"a marked tap, as a kill right before the rename leaves", func(owner string) (string, func() error) {
-			return tapsetup.TempTapName(owner), foreignTap(tapsetup.TempTapName(owner), owner)
-		}, ""},
-		{"an unmarked bridge, as a kill before marking it leaves", func(owner string) (string, func() error) {
-			name := tapsetup.TempBridgeName(owner)
-			return name, func() error { return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}) }
-		}, `"wiring":"bridge"`},
+		{"a marked tap, as a kill right before the rename leaves, goes with DEL", foreignTap, "napi~t", redirect, true},
+		{"a marked bridge, as a kill right before the rename leaves, goes with DEL", foreignMarkedBridge, "napi~b", bridged, true},
+		{"an unmarked tap, which napitap never leaves, stays after DEL", func(name, _ string) func() error { return foreignTap(name, "") }, "napi~t", redirect, false},
+		{"a veth marked as the attachment's, a kind napitap never makes, stays after DEL", foreignMarkedVeth, "napi~t", redirect, false},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name+" goes with DEL", func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			f := newBadInputFixture(t)
 			bad := badInput{fields: tc.fields}
 			conf, ifName := f.conf(bad), f.ifName(bad)
 			clean := f.snapshot()
-			leftover, prepare := tc.leftover(tapsetup.OwnerAlias(f.e.ContainerID, ifName))
-			f.e.Pod.Run(t, prepare)
-			before := f.snapshot()
+			f.e.Pod.Run(t, tc.leftover(tempName(tc.prefix), tapsetup.OwnerAlias(f.e.ContainerID, ifName)))
+			withLeftover := f.snapshot()
 
-			err := f.e.ExecNapitap("ADD", conf, ifName)
-			if code := cnitest.CNICode(err); code != types.ErrTryAgainLater || !strings.Contains(err.Error(), leftover) {
-				t.Errorf("ADD over the leftover: code %d (%v), want code %d naming %q", code, err, types.ErrTryAgainLater, leftover)
+			if err := f.e.ExecNapitap("ADD", conf, ifName); err != nil {
+				t.Fatalf("ADD beside the leftover: %v", err)
 			}
-			requireSameNode(t, f, before, "after the ADD over the leftover")
-
 			if err := f.e.ExecNapitap("DEL", conf, ifName); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
-			requireSameNode(t, f, clean, "after DEL")
-
-			if err := f.e.ExecNapitap("ADD", conf, ifName); err != nil {
-				t.Errorf("ADD after DEL: %v", err)
-			}
-			if err := f.e.ExecNapitap("DEL", conf, ifName); err != nil {
-				t.Errorf("DEL of that ADD: %v", err)
+			if tc.wantGone {
+				requireSameNode(t, f, clean, "after DEL")
+			} else {
+				requireSameNode(t, f, withLeftover, "after DEL")
 			}
 		})
 	}
+}
+
+// TestAPodCannotSquatTheTemporaryNamesOfItsNextAdd: pod root watches an
+// ADD's temporary names go by (ip monitor) and, after the DEL of an unplug,
+// takes every one of them with links DEL never deletes. The next ADD of the
+// same attachment, a hot-plug, still works, and its DEL leaves those links
+// alone.
+func TestAPodCannotSquatTheTemporaryNamesOfItsNextAdd(t *testing.T) {
+	f := newBadInputFixture(t)
+	bad := badInput{fields: `"wiring":"bridge"`}
+	conf, ifName := f.conf(bad), f.ifName(bad)
+	watch := f.e.Pod.WatchLinkNames(t)
+	if err := f.e.ExecNapitap("ADD", conf, ifName); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if err := f.e.ExecNapitap("DEL", conf, ifName); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	var seen []string
+	for _, name := range watch() {
+		if tapsetup.IsTempName(name) && !slices.Contains(seen, name) {
+			seen = append(seen, name)
+		}
+	}
+	if len(seen) != 2 {
+		t.Fatalf("the ADD's temporary names: %q, want one for the tap and one for the bridge", seen)
+	}
+	for _, name := range seen {
+		f.e.Pod.Run(t, foreignMarkedVeth(name, ""))
+	}
+	squatted := f.snapshot()
+
+	if err := f.e.ExecNapitap("ADD", conf, ifName); err != nil {
+		t.Fatalf("ADD with its earlier temporary names taken: %v", err)
+	}
+	if err := f.e.ExecNapitap("DEL", conf, ifName); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	requireSameNode(t, f, squatted, "after DEL")
 }
 
 // TestAddMarksItsTapAndBridge: what DEL goes by is there after ADD.

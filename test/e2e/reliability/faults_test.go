@@ -417,9 +417,9 @@ func fetchNAPI(t *testing.T, f *fixture, key handoff.Key, queues int) (*handoff.
 	return att, files
 }
 
-// TestNapitapdDown: ADD with a required hand-off fails with code 11 and
-// leaves nothing; with an optional one it succeeds without napitapd, which
-// then never hears of it; DEL with napitapd down succeeds and napitapd
+// TestNapitapdDown: ADD fails with code 11 and leaves nothing, with a
+// required hand-off or an optional one: in fds mode napitapd is the VMM's
+// only way to its queues. DEL with napitapd down succeeds and napitapd
 // sweeps its record when it comes back.
 func TestNapitapdDown(t *testing.T) {
 	downs := []struct {
@@ -440,58 +440,33 @@ func TestNapitapdDown(t *testing.T) {
 	}
 	for _, down := range downs {
 		for _, cc := range configs {
-			t.Run("ADD of "+cc.name+" with a required hand-off fails with code 11 and leaves nothing while napitapd is "+down.name, func(t *testing.T) {
-				c := cc.conf
-				c.Handoff = "required"
-				f, list, p, base := setUp(t, "down", c)
-				down.stop(f.d)
-				r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
-				prev, err := f.execAddPrev(list, r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				before := f.snapshot(p)
-				_, err = f.execAdd(list, prev, r)
-				if cniCode(err) != types.ErrTryAgainLater {
-					t.Fatalf("ADD: %v, want CNI code %d", err, types.ErrTryAgainLater)
-				}
-				t.Logf("ADD: %v", err)
-				// Bridge wiring included: the pod interface keeps its MAC and
-				// addresses.
-				f.requireSame(before, "after the failed ADD", p)
-				if err := f.execDelChain(list, nil, r, nil); err != nil {
-					t.Fatal(err)
-				}
-				f.d.Start()
-				f.requireSame(base, "after DEL, napitapd back", p)
-			})
-			t.Run("ADD of "+cc.name+" with an optional hand-off succeeds while napitapd is "+down.name+", and DEL cleans up", func(t *testing.T) {
-				c := cc.conf
-				c.Handoff = "optional"
-				f, list, p, base := setUp(t, "down", c)
-				down.stop(f.d)
-				r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
-				res, err := f.env.Add(list, r)
-				if err != nil {
-					t.Fatalf("ADD: %v", err)
-				}
-				want := f.expect(c, r.ContainerID, r.IfName)
-				want.Socket = ""
-				if err := nodecheck.Present(p.Path, want); err != nil {
-					t.Fatal(err)
-				}
-				if err := f.check(list, c, r, res); err != nil {
-					t.Errorf("CHECK: %v", err)
-				}
-				f.d.Start()
-				if fp := f.footprint(p, f.expect(c, r.ContainerID, r.IfName)); fp.known || fp.tunFDs != 0 {
-					t.Errorf("napitapd started after ADD knows of it: %s, %d queues", fp, fp.tunFDs)
-				}
-				if err := f.env.Del(list, r); err != nil {
-					t.Fatalf("DEL: %v", err)
-				}
-				f.requireSame(base, "after DEL", p)
-			})
+			for _, h := range []struct{ handoff, what string }{{"required", "a required"}, {"optional", "an optional"}} {
+				t.Run("ADD of "+cc.name+" with "+h.what+" hand-off fails with code 11 and leaves nothing while napitapd is "+down.name, func(t *testing.T) {
+					c := cc.conf
+					c.Handoff = h.handoff
+					f, list, p, base := setUp(t, "down", c)
+					down.stop(f.d)
+					r := rt("down-"+nstest.RandomSuffix(), p, cc.ifName)
+					prev, err := f.execAddPrev(list, r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					before := f.snapshot(p)
+					_, err = f.execAdd(list, prev, r)
+					if cniCode(err) != types.ErrTryAgainLater {
+						t.Fatalf("ADD: %v, want CNI code %d", err, types.ErrTryAgainLater)
+					}
+					t.Logf("ADD: %v", err)
+					// Bridge wiring included: the pod interface keeps its MAC and
+					// addresses.
+					f.requireSame(before, "after the failed ADD", p)
+					if err := f.execDelChain(list, nil, r, nil); err != nil {
+						t.Fatal(err)
+					}
+					f.d.Start()
+					f.requireSame(base, "after DEL, napitapd back", p)
+				})
+			}
 			t.Run("DEL of "+cc.name+" succeeds while napitapd is "+down.name+", and napitapd sweeps its record on restart", func(t *testing.T) {
 				c := cc.conf
 				c.Handoff = "required"
