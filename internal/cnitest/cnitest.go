@@ -209,12 +209,25 @@ func (e *Env) CheckNapitapOnly(list *libcni.NetworkConfigList, final *current.Re
 	return e.ExecNapitap("CHECK", string(conf), ifName)
 }
 
-// podLinks lists "name/type" of every link in the pod netns, with napitap's
-// tc filters, so tests can say the pod is as it was.
+// PodLinks lists "name/type/mac" of every link in the pod netns, with
+// napitap's tc filters and whether it is enslaved, so tests can say the pod
+// is as it was.
 func (e *Env) PodLinks() []string {
 	e.t.Helper()
+	return e.links(e.Pod)
+}
+
+// HostLinks is PodLinks for the host netns, where the bridge, the veths'
+// host ends and a Kata DAN tap are.
+func (e *Env) HostLinks() []string {
+	e.t.Helper()
+	return e.links(e.Host)
+}
+
+func (e *Env) links(netns *nstest.NetNS) []string {
+	e.t.Helper()
 	var out []string
-	e.Pod.Run(e.t, func() error {
+	netns.Run(e.t, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

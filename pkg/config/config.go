@@ -6,6 +6,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +34,9 @@ const (
 	WiringNone       = "none"
 	WiringTCRedirect = "tc-redirect"
 	WiringBridge     = "bridge"
+	// WiringNodeBridge: the tap is in the node's netns and joins the
+	// previous plugin's bridge there (kataDan only).
+	WiringNodeBridge = "node-bridge"
 )
 
 const (
@@ -176,6 +180,9 @@ type Config struct {
 	// PeerIfName is the previous plugin's interface in the sandbox that
 	// chained wirings join to the tap (CNI_IFNAME); empty in "none".
 	PeerIfName string
+	// NodeTap: the tap is made in the node's netns, the plugin's own, where
+	// Kata runtime-rs looks a DAN tap up (WiringNodeBridge).
+	NodeTap bool
 
 	// HandoffMode is one of HandoffFDs, HandoffIntercept, HandoffOff.
 	HandoffMode string
@@ -325,11 +332,16 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	}
 
 	c.containerID = att.ContainerID
-	if att.ForDelete && !slices.Contains([]string{"", WiringNone, WiringTCRedirect, WiringBridge}, c.Wiring) {
+	if att.ForDelete && !slices.Contains([]string{"", WiringNone, WiringTCRedirect, WiringBridge, WiringNodeBridge}, c.Wiring) {
 		c.Wiring = "" // unknown: let DEL try what a defaulted wiring could be
 	}
-	if err := c.resolveWiring(att.IfName, nc.TapName, att.FinalResult); err != nil {
+	if err := c.resolveNodeWiring(att, nc.TapName); err != nil {
 		return nil, err
+	}
+	if !c.NodeTap {
+		if err := c.resolveWiring(att.IfName, nc.TapName, att.FinalResult); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.validateNames(); err != nil {
 		return nil, err
@@ -426,6 +438,42 @@ func applyPodArgs(c *Config, a PodArgs) error {
 	return nil
 }
 
+// resolveNodeWiring: with kataDan the tap goes where Kata runtime-rs looks
+// a DAN tap up, the node's netns (DESIGN.md fact 18), under a name of its
+// attachment's, so that pods of one node never share one, and joins the
+// previous plugin's bridge, which is in the node's netns too. A config
+// that asks for another wiring or a tap name is refused, except at DEL,
+// which then cleans up a tap an older napitap put in the pod's netns.
+func (c *Config) resolveNodeWiring(att Attachment, tapName string) error {
+	if c.KataDanDir == "" || (att.ForDelete && c.Wiring != "" && c.Wiring != WiringNodeBridge) {
+		return nil
+	}
+	switch {
+	case c.Wiring != "" && c.Wiring != WiringNodeBridge:
+		return invalid("wiring", "%q cannot reach a tap in the node's netns: with kataDan the tap is there, where Kata runtime-rs looks for it, and joins the previous plugin's bridge (%q, the default)", c.Wiring, WiringNodeBridge)
+	case tapName != "" && !att.ForDelete:
+		return invalid("tapName", "with kataDan the tap is in the node's netns, and napitap names it per attachment so that pods never share a name there")
+	}
+	c.WiringGiven = c.Wiring != ""
+	c.Wiring, c.NodeTap = WiringNodeBridge, true
+	c.ifName, c.PeerIfName = att.IfName, att.IfName
+	if att.IfName != "" {
+		if err := ValidateLinkName(att.IfName); err != nil {
+			return invalidEnv("CNI_IFNAME", "%v", err)
+		}
+	}
+	c.MAC = c.confMAC // the pod's own MAC is the guest's, as in chained wirings
+	c.TapName = NodeTapName(att.ContainerID, att.IfName)
+	return nil
+}
+
+// NodeTapName names a tap in the node's netns after its attachment: "ktap"
+// and 11 hex digits of a hash of the container ID and interface name.
+func NodeTapName(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return fmt.Sprintf("ktap%x", sum[:6])[:15]
+}
+
 // resolveWiring picks the wiring mode, the peer interface and the tap name.
 func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 	c.ifName = ifName
@@ -448,6 +496,8 @@ func (c *Config) resolveWiring(ifName, tapName string, final bool) error {
 		}
 	case WiringNone, WiringTCRedirect, WiringBridge:
 		c.WiringGiven = true
+	case WiringNodeBridge:
+		return invalid("wiring", "%q is for kataDan, whose tap is in the node's netns", c.Wiring)
 	default:
 		return invalid("wiring", "%q is unknown (want %s, %s or %s)", c.Wiring, WiringTCRedirect, WiringBridge, WiringNone)
 	}
@@ -561,6 +611,9 @@ func (c *Config) RuntimeOpensByName() bool { return c.HandoffMode != HandoffFDs 
 func (c *Config) requirePeer() error {
 	if c.Wiring == WiringNone {
 		return nil
+	}
+	if c.PrevResult == nil && c.NodeTap {
+		return invalid("kataDan", "needs a prevResult: chain napitap after the bridge plugin, whose bridge in the node's netns the tap joins")
 	}
 	if c.PrevResult == nil {
 		return invalid("wiring", "%q needs a prevResult: chain napitap after an interface plugin such as bridge or ptp", c.Wiring)

@@ -194,8 +194,16 @@ func checkConfig(t *testing.T, c *config.Config, ifName string) {
 		if c.PeerIfName != "" && c.PeerIfName == c.TapName {
 			t.Errorf("the tap %q is the chained interface", c.TapName)
 		}
+	case config.WiringNodeBridge:
+		// kataDan's: a tap in the node's netns named after its attachment.
+		if !c.NodeTap || c.KataDanDir == "" || c.TapName != config.NodeTapName(fuzzContainerID, ifName) {
+			t.Errorf("wiring %s with NodeTap %v, kataDan dir %q, tap %q", c.Wiring, c.NodeTap, c.KataDanDir, c.TapName)
+		}
 	default:
-		t.Errorf("Wiring %q is none of the three", c.Wiring)
+		t.Errorf("Wiring %q is none of the four", c.Wiring)
+	}
+	if c.NodeTap != (c.Wiring == config.WiringNodeBridge) {
+		t.Errorf("NodeTap %v with wiring %s", c.NodeTap, c.Wiring)
 	}
 	if c.Bridge != "" {
 		if c.Wiring != config.WiringBridge {

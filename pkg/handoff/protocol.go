@@ -97,11 +97,25 @@ type Attachment struct {
 	// Intercept: napitapd holds no queues; the runtime opens the tap by
 	// name and napitapd's seccomp agent turns that open into a NAPI one.
 	Intercept bool `json:"intercept,omitempty"`
+	// NodeTap: the tap is in the node's netns, not the pod's, for Kata
+	// runtime-rs, which looks a DAN tap up there (DESIGN.md fact 18).
+	// TapNetnsID is the id of the netns the plugin made it in, which
+	// napitapd requires to be its own: it serves the tap there.
+	NodeTap    bool   `json:"nodeTap,omitempty"`
+	TapNetnsID uint64 `json:"tapNetnsID,omitempty"`
 
 	// Set by napitapd: the netns's unique id (tapsetup.NetnsID), never an
 	// inode, which the kernel reuses.
 	NetnsID uint64 `json:"netnsID,omitempty"`
 	Held    int    `json:"held"` // queue fds napitapd holds right now
+}
+
+// tapNetnsID is the id of the netns the tap is in.
+func (a *Attachment) tapNetnsID() uint64 {
+	if a.NodeTap {
+		return a.TapNetnsID
+	}
+	return a.NetnsID
 }
 
 // Validate checks what napitapd will act on.
@@ -126,6 +140,9 @@ func (a *Attachment) Validate() error {
 	}
 	if a.Queues > 1 && !a.MultiQueue {
 		return fmt.Errorf("attachment %s: %d queues on a single-queue tap", a.Key, a.Queues)
+	}
+	if a.NodeTap && !a.Intercept {
+		return fmt.Errorf("attachment %s: a tap in the node's netns is the runtime's to open by name: intercept only", a.Key)
 	}
 	return nil
 }

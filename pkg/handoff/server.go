@@ -43,8 +43,15 @@ type Server struct {
 	// Limits bound the connections Serve serves at once; set them before
 	// Serve.
 	Limits Limits
-	conns  connTable
+	// NodeNetns is the node's netns, where a NodeTap attachment's tap is:
+	// napitapd's own (DefaultNodeNetns) unless a test sets another.
+	NodeNetns string
+	conns     connTable
 }
+
+// DefaultNodeNetns is napitapd's own netns, the node's: the DaemonSet
+// runs it with hostNetwork, and no thread of it moves its main thread.
+const DefaultNodeNetns = "/proc/self/ns/net"
 
 type entry struct {
 	att   Attachment
@@ -60,7 +67,7 @@ func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 	if err := safefile.TrustedDir(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
-	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}, conns: connTable{
+	s := &Server{stateDir: stateDir, log: logger, held: map[Key]*entry{}, NodeNetns: DefaultNodeNetns, conns: connTable{
 		refusals: unixsock.Every{Interval: logInterval},
 		failures: unixsock.Every{Interval: logInterval},
 	}}
@@ -251,6 +258,17 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 	if err != nil {
 		closeAll(files)
 		return errorf(CodeUnavailable, "attachment %s: %v", att.Key, err)
+	}
+	if att.NodeTap {
+		// The agent finds the tap by the netns of the runtime's tun fd,
+		// and the sweep looks for it in napitapd's own.
+		nodeID, err := tapsetup.NetnsID(s.NodeNetns)
+		if err != nil {
+			return errorf(CodeInternal, "attachment %s: napitapd's netns: %v", att.Key, err)
+		}
+		if att.TapNetnsID != nodeID {
+			return errorf(CodeBadRequest, "attachment %s: tap %q is in netns %d and napitapd in %d: run napitapd in the node's netns (hostNetwork)", att.Key, att.TapName, att.TapNetnsID, nodeID)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -535,23 +553,68 @@ func (s *Server) list(cred *peer) []Attachment {
 // path that now holds another netns, or a tap that is not marked as the
 // attachment's, counts as gone.
 func (s *Server) Sweep() int {
+	var nodeTaps []Attachment
 	n, closing := s.release(func(a *Attachment) bool {
 		netns := openSameNetns(a)
+		if netns != nil {
+			defer netns.Close()
+		}
+		if a.NodeTap {
+			// The pod's netns going does not take this tap along.
+			if netns == nil {
+				nodeTaps = append(nodeTaps, *a)
+				return true
+			}
+			return s.nodeTapGone(a)
+		}
 		if netns == nil {
 			return true
 		}
-		defer netns.Close()
 		gone := false
 		_ = netns.Do(func(ns.NetNS) error {
-			link, err := netlinksafe.LinkByName(a.TapName)
-			var nf netlink.LinkNotFoundError
-			gone = errors.As(err, &nf) || (err == nil && !markedFor(link, a))
+			gone = tapGone(a)
 			return nil
 		})
 		return gone
 	})
 	closeAll(closing)
+	// Out of release's lock: a delete waits for rtnl.
+	for _, a := range nodeTaps {
+		if err := s.deleteNodeTap(&a); err != nil {
+			s.log.Error("sweep: delete the tap of a pod that is gone", "attachment", a.Key.String(), "tap", a.TapName, "err", err)
+		}
+	}
 	return n
+}
+
+// tapGone: the attachment's tap is not in the current netns, or not marked
+// as the attachment's.
+func tapGone(a *Attachment) bool {
+	link, err := netlinksafe.LinkByName(a.TapName)
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || (err == nil && !markedFor(link, a))
+}
+
+// nodeTapGone is tapGone for a tap in the node's netns.
+func (s *Server) nodeTapGone(a *Attachment) bool {
+	gone := false
+	err := ns.WithNetNSPath(s.NodeNetns, func(ns.NetNS) error {
+		gone = tapGone(a)
+		return nil
+	})
+	return gone && err == nil
+}
+
+// deleteNodeTap deletes the attachment's tap in the node's netns, if it
+// still carries the attachment's mark: never another link of the node.
+func (s *Server) deleteNodeTap(a *Attachment) error {
+	err := ns.WithNetNSPath(s.NodeNetns, func(ns.NetNS) error {
+		return tapsetup.DeleteTap(a.TapName, tapsetup.OwnerAlias(a.ContainerID, a.IfName))
+	})
+	if errors.Is(err, tapsetup.ErrNotTap) {
+		return nil
+	}
+	return err
 }
 
 // openSameNetns opens the attachment's netns if its path still holds the
@@ -582,7 +645,7 @@ func (s *Server) Intercepted(netnsID uint64, tapName string) (Attachment, bool) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.held {
-		if e.att.Intercept && e.att.NetnsID == netnsID && e.att.TapName == tapName {
+		if e.att.Intercept && e.att.tapNetnsID() == netnsID && e.att.TapName == tapName {
 			return e.att, true
 		}
 	}

@@ -15,6 +15,9 @@ import (
 // checkTap compares the tap and its wiring in netnsPath with conf and names
 // every difference it finds.
 func checkTap(conf *config.Config, netnsPath string) error {
+	if conf.NodeTap {
+		netnsPath = nodeNetnsPath
+	}
 	tap, err := tapsetup.Inspect(netnsPath, conf.TapName)
 	if err != nil {
 		return err
@@ -78,7 +81,8 @@ func checkTap(conf *config.Config, netnsPath string) error {
 func checkWiring(conf *config.Config, tap netlink.Link) (drift []string, err error) {
 	wantMTU := conf.MTU
 	var peer netlink.Link
-	if conf.PeerIfName != "" {
+	// The pod interface of a tap in the node's netns is in another netns.
+	if conf.PeerIfName != "" && !conf.NodeTap {
 		if peer, err = netlinksafe.LinkByName(conf.PeerIfName); err != nil {
 			return nil, fmt.Errorf("interface %q: %w", conf.PeerIfName, err)
 		}
@@ -96,6 +100,8 @@ func checkWiring(conf *config.Config, tap netlink.Link) (drift []string, err err
 		wiringErr = tapsetup.CheckRedirect(peer, tap)
 	case config.WiringBridge:
 		wiringErr = tapsetup.CheckBridge(conf.Bridge, peer, tap)
+	case config.WiringNodeBridge:
+		wiringErr = checkNodeBridge(conf, tap)
 	}
 	if wiringErr != nil {
 		drift = append(drift, wiringErr.Error())

@@ -38,6 +38,14 @@ type leftover struct {
 // now names another pod's netns, or a tap of another attachment, is left
 // alone.
 func (l leftover) remove() error {
+	if l.wiring == config.WiringNodeBridge {
+		// In the node's netns, which the pod's going does not empty.
+		err := tapsetup.DeleteTap(l.tapName, tapsetup.OwnerAlias(l.key.ContainerID, l.key.IfName))
+		if errors.Is(err, tapsetup.ErrNotTap) {
+			return nil
+		}
+		return err
+	}
 	if id, err := tapsetup.NetnsID(l.netns); err != nil || l.netnsID == 0 || id != l.netnsID {
 		return nil // the netns went, and the tap with it
 	}

@@ -219,9 +219,9 @@ func TestGCAfterARuntimeCrash(t *testing.T) {
 	rt := e.RT("eth0")
 	e.MustAdd(list, rt)
 	t.Cleanup(func() { _ = e.Del(list, rt) })
-	// A Kata pod on another network of the node (Kata opens its tap itself:
-	// no hand-off).
-	kataList := e.ListNamed("napitap-kata", "1.1.0", fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"disabled":true},"kataDan":{"enabled":true,"dir":%q}}`, danDir))
+	// A Kata pod on another network of the node, whose tap is in the
+	// node's netns (Kata opens its tap itself: no hand-off).
+	kataList := e.ListNamed("napitap-kata", "1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":2,"handoff":{"disabled":true},"kataDan":{"enabled":true,"dir":%q}}`, danDir))
 	kataRT := e.RT("tap7")
 	kataRT.ContainerID += "-kata"
 	e.MustAdd(kataList, kataRT)
@@ -238,6 +238,11 @@ func TestGCAfterARuntimeCrash(t *testing.T) {
 	for _, l := range e.PodLinks() {
 		if strings.HasPrefix(l, "tap0/") || strings.HasSuffix(l, "/redirect") {
 			t.Errorf("pod netns after GC still has %s", l)
+		}
+	}
+	for _, l := range e.HostLinks() {
+		if strings.HasPrefix(l, "ktap") {
+			t.Errorf("node netns after GC still has the Kata tap %s", l)
 		}
 	}
 	if entries, _ := os.ReadDir(danDir); len(entries) != 0 {

@@ -14,8 +14,9 @@ import (
 
 // writeKataDan records the tap for Kata runtime-rs, which plugs "host-tap"
 // devices it finds in the sandbox's DAN file into the VM. runtime-rs opens
-// the tap by name, so the guest gets the tap without NAPI (DESIGN.md fact 6).
-func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Result) error {
+// the tap by name in its own netns, the node's (DESIGN.md fact 18); under
+// napitapd's seccomp agent that open gets NAPI queues.
+func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Result, bridge string) error {
 	if conf.KataDanDir == "" {
 		return nil
 	}
@@ -30,7 +31,7 @@ func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Resul
 		NetworkInfo: katadan.NetworkInfo{Interface: katadan.Interface{NType: "tuntap", IPAddresses: []string{}}, Routes: []katadan.Route{}, Neighbors: []any{}},
 		Network:     conf.Name,
 		Wiring:      conf.Wiring,
-		Bridge:      conf.Bridge,
+		Bridge:      bridge,
 	}
 	// For GC's check that the path still names this pod's netns.
 	dev.NetnsID, _ = tapsetup.NetnsID(args.Netns)
@@ -51,7 +52,13 @@ func writeKataDan(conf *config.Config, args *skel.CmdArgs, result *current.Resul
 		}
 		dev.NetworkInfo.Routes = append(dev.NetworkInfo.Routes, route)
 	}
-	if err := katadan.Put(conf.KataDanDir, args.ContainerID, args.Netns, dev); err != nil {
+	// runtime-rs enters the file's netns before it opens the taps: a tap
+	// in the node's netns, where its shim runs, needs none.
+	danNetns := args.Netns
+	if conf.NodeTap {
+		danNetns = ""
+	}
+	if err := katadan.Put(conf.KataDanDir, args.ContainerID, danNetns, dev); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("kataDan: %v", err), "")
 	}
 	return nil

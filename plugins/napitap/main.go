@@ -57,6 +57,14 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	defer netns.Close()
+	if conf.NodeTap {
+		// Kata runtime-rs: the tap goes in the node's netns (nodetap.go).
+		result, err := addNodeTap(conf, args, netns)
+		if err != nil {
+			return err
+		}
+		return types.PrintResult(result, conf.CNIVersion)
+	}
 	// Before IPAM, so that a taken name costs no address; Create and
 	// WireBridge settle a race.
 	if err := netns.Do(func(ns.NetNS) error { return requireNamesFree(conf, args) }); err != nil {
@@ -162,7 +170,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			}
 		}()
 		result = buildResult(conf, args, tap, guestMAC, ipamResult)
-		return writeKataDan(conf, args, result)
+		return writeKataDan(conf, args, result, conf.Bridge)
 	})
 	if err != nil {
 		return err
@@ -178,11 +186,15 @@ func buildResult(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gues
 	if conf.PrevResult != nil {
 		result = conf.PrevResult
 	}
+	tapSandbox := args.Netns
+	if conf.NodeTap {
+		tapSandbox = "" // the node's netns, as the bridge and its veth
+	}
 	result.Interfaces = append(result.Interfaces, &current.Interface{
 		Name:    tap.Attrs().Name,
 		Mac:     tap.Attrs().HardwareAddr.String(),
 		Mtu:     tap.Attrs().MTU,
-		Sandbox: args.Netns,
+		Sandbox: tapSandbox,
 	})
 	tapIndex := len(result.Interfaces) - 1
 
@@ -234,6 +246,9 @@ func cmdDel(args *skel.CmdArgs) error {
 		if err := ipamexec.Del(context.TODO(), conf.IPAM.Type, args.StdinData); err != nil {
 			return ipamError(err)
 		}
+	}
+	if conf.NodeTap {
+		return delNodeTap(conf, args)
 	}
 	if args.Netns == "" {
 		return nil

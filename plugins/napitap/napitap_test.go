@@ -708,36 +708,159 @@ func TestBadEnvironmentIsCode4(t *testing.T) {
 	}
 }
 
-func TestKataDanFileFollowsTheAttachment(t *testing.T) {
+// danConfig is Kata runtime-rs's DanConfig as it deserializes the DAN file
+// (src/runtime-rs/crates/resource/src/network/dan.rs): what serde requires
+// there (no #[serde(default)], not an Option) is a pointer here that must
+// be set; fields of napitap's own are ignored there, as here.
+type danConfig struct {
+	Netns   *string      `json:"netns"`
+	Devices *[]danDevice `json:"devices"`
+}
+
+type danDevice struct {
+	Name     *string `json:"name"`
+	GuestMAC string  `json:"guest_mac"`
+	Device   *struct {
+		Type      string  `json:"type"`
+		TapName   *string `json:"tap_name"`
+		QueueNum  int     `json:"queue_num"`
+		QueueSize int     `json:"queue_size"`
+	} `json:"device"`
+	NetworkInfo *struct {
+		Interface *struct {
+			IPAddresses *[]string `json:"ip_addresses"`
+			MTU         uint64    `json:"mtu"`
+		} `json:"interface"`
+		Routes []struct {
+			Dest    string `json:"dest"`
+			Gateway string `json:"gateway"`
+		} `json:"routes"`
+	} `json:"network_info"`
+}
+
+// readDan decodes the sandbox's DAN file as runtime-rs does, and fails on
+// anything runtime-rs would refuse.
+func readDan(t *testing.T, dir, sandbox string) (*danConfig, []byte) {
+	t.Helper()
+	b, err := os.ReadFile(katadan.Path(dir, sandbox))
+	if err != nil {
+		t.Fatalf("no DAN file: %v", err)
+	}
+	var dan danConfig
+	if err := json.Unmarshal(b, &dan); err != nil {
+		t.Fatalf("DAN file %s: %v", b, err)
+	}
+	if dan.Devices == nil {
+		t.Fatalf("DAN file %s lacks devices, which runtime-rs requires", b)
+	}
+	for i, d := range *dan.Devices {
+		if d.Name == nil || d.Device == nil || d.Device.TapName == nil || d.NetworkInfo == nil ||
+			d.NetworkInfo.Interface == nil || d.NetworkInfo.Interface.IPAddresses == nil {
+			t.Fatalf("DAN file %s: device %d lacks a field runtime-rs requires", b, i)
+		}
+		if d.Device.Type != "host-tap" {
+			t.Errorf("DAN file %s: device %d is %q, want host-tap", b, i, d.Device.Type)
+		}
+	}
+	return &dan, b
+}
+
+// TestKataDanTapIsWhereRuntimeRsLooks: runtime-rs looks the DAN tap up by
+// name in the netns its shim runs in, the node's, where the CNI plugins
+// ran (DESIGN.md fact 18). The tap is there, a port of the bridge plugin's
+// bridge, with the pod interface's MAC and address for the guest; the pod
+// interface is down; DEL leaves nothing of it on the node.
+func TestKataDanTapIsWhereRuntimeRsLooks(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
 	danDir := t.TempDir()
 	list := e.List("1.1.0", e.BridgePlugin(), fmt.Sprintf(`{"type":"napitap","queues":4,"handoff":{"disabled":true},"kataDan":{"enabled":true,"dir":%q}}`, danDir))
+	hostBefore := e.HostLinks()
 	rt := e.RT("eth0")
 	res := e.MustAdd(list, rt)
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			_ = e.Del(list, rt)
+		}
+	})
 	guest, ip := cnitest.GuestOf(t, res, e.ContainerID)
 
-	b, err := os.ReadFile(katadan.Path(danDir, e.ContainerID))
-	if err != nil {
-		t.Fatalf("no DAN file after ADD: %v", err)
-	}
-	var dan katadan.File
-	if err := json.Unmarshal(b, &dan); err != nil {
-		t.Fatal(err)
-	}
-	if len(dan.Devices) != 1 {
+	dan, b := readDan(t, danDir, e.ContainerID)
+	if len(*dan.Devices) != 1 {
 		t.Fatalf("DAN file %s, want one device", b)
 	}
-	dev := dan.Devices[0]
-	if dan.Netns != e.Pod.Path() || dev.Name != "eth0" || dev.GuestMAC != guest.Mac || dev.Device.Type != "host-tap" ||
-		dev.Device.TapName != "tap0" || dev.Device.QueueNum != 4 || !slices.Equal(dev.NetworkInfo.Interface.IPAddresses, []string{ip.Address.String()}) {
-		t.Errorf("DAN file %s, want host-tap tap0 with 4 queues, MAC %s and %s", b, guest.Mac, ip.Address.String())
+	dev := (*dan.Devices)[0]
+	tap := *dev.Device.TapName
+	if dan.Netns != nil {
+		t.Errorf("DAN file %s names netns %q, which runtime-rs would enter before opening the tap in the node's", b, *dan.Netns)
+	}
+	if *dev.Name != "eth0" || dev.GuestMAC != guest.Mac || dev.Device.QueueNum != 4 ||
+		!slices.Equal(*dev.NetworkInfo.Interface.IPAddresses, []string{ip.Address.String()}) {
+		t.Errorf("DAN file %s, want eth0 with 4 queues, MAC %s and %s", b, guest.Mac, ip.Address.String())
+	}
+	if want := config.NodeTapName(e.ContainerID, "eth0"); tap != want {
+		t.Errorf("tap %q, want %q", tap, want)
+	}
+
+	// As runtime-rs: by name, in the netns the plugin ran in.
+	var bridgeIndex int
+	e.Host.Run(t, func() error {
+		link, err := netlink.LinkByName(tap)
+		if err != nil {
+			return fmt.Errorf("runtime-rs's lookup of %q in the node's netns: %w", tap, err)
+		}
+		br, err := netlink.LinkByName("napibr-" + e.Suffix)
+		if err != nil {
+			return err
+		}
+		bridgeIndex = br.Attrs().Index
+		if link.Attrs().MasterIndex != bridgeIndex || link.Attrs().Flags&net.FlagUp == 0 || link.Attrs().Alias != tapsetup.OwnerAlias(e.ContainerID, "eth0") {
+			return fmt.Errorf("tap %s: master %d up %v alias %q; want up on bridge %d with the attachment's mark",
+				tap, link.Attrs().MasterIndex, link.Attrs().Flags&net.FlagUp != 0, link.Attrs().Alias, bridgeIndex)
+		}
+		return nil
+	})
+	var nodeEnd int
+	e.Pod.Run(t, func() error {
+		if _, err := netlink.LinkByName(tap); err == nil {
+			return fmt.Errorf("tap %q is in the pod's netns too", tap)
+		}
+		pod, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		nodeEnd, err = netlink.VethPeerIndex(pod.(*netlink.Veth))
+		return err
+	})
+	e.Host.Run(t, func() error {
+		link, err := netlink.LinkByIndex(nodeEnd)
+		if err != nil {
+			return err
+		}
+		if link.Attrs().Flags&net.FlagUp != 0 {
+			return fmt.Errorf("the pod interface's node end %s is up: the pod would answer for the guest's MAC and address on the bridge", link.Attrs().Name)
+		}
+		return nil
+	})
+	for _, iface := range res.Interfaces {
+		if iface.Name == tap && iface.Sandbox != "" {
+			t.Errorf("result lists tap %s in sandbox %q; it is in the node's netns", tap, iface.Sandbox)
+		}
+	}
+	if err := e.Check(list, rt); err != nil {
+		t.Errorf("CHECK: %v", err)
 	}
 
 	if err := e.Del(list, rt); err != nil {
 		t.Fatal(err)
 	}
+	deleted = true
 	if entries, _ := os.ReadDir(danDir); len(entries) != 0 {
 		t.Errorf("DAN dir after DEL: %v", entries)
+	}
+	// The bridge plugin leaves its bridge.
+	if after := e.HostLinks(); len(after) != len(hostBefore)+1 {
+		t.Errorf("node netns after DEL: %v, before ADD: %v and no bridge", after, hostBefore)
 	}
 }
 

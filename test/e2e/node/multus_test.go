@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/katadan"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -303,8 +304,10 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 			want: nodecheck.Expect{IfName: "net1", TapName: "net1", Queues: 2, NAPI: true, Wiring: "none", Held: 2}},
 		{pod: pod{name: "vm-kubevirt"}, nad: "napitap-kubevirt",
 			want: nodecheck.Expect{IfName: kubevirtIf, TapName: kubeVirtTapName(kubevirtIf), Queues: 4, NAPI: true, Wiring: "tc-redirect", Held: 0}},
+		// Its tap is in the node's netns, this process's, named when the
+		// sandbox is known (waitMultusPod).
 		{pod: pod{name: "vm-kata"}, nad: "napitap-kata", subnet: "10.197.0.0/24",
-			want: nodecheck.Expect{IfName: "net1", TapName: "tap1", Queues: 2, NAPI: true, Wiring: "tc-redirect", Held: 0}},
+			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: "/proc/self/ns/net", Held: 0}},
 	}
 	for _, p := range pods[1:] {
 		c.apply(c.multusManifest(p.name, fmt.Sprintf(`[{"name":%q,"interface":%q}]`, p.nad, p.want.IfName)))
@@ -329,7 +332,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		}},
 		{"a standalone pod's tap is its net1, with host-local's address on it", pods[1], func(*testing.T, *multusPod) {}},
 		{"a KubeVirt pod interface gets the tap KubeVirt looks for", pods[2], func(*testing.T, *multusPod) {}},
-		{"a Kata pod's tap is in the sandbox's DAN file", pods[3], func(t *testing.T, p *multusPod) {
+		{"a Kata pod's tap is in the node's netns and the sandbox's DAN file", pods[3], func(t *testing.T, p *multusPod) {
 			b, err := os.ReadFile(katadan.Path(mn.kataDans, p.sandbox))
 			var f katadan.File
 			if err == nil {
@@ -498,6 +501,9 @@ func (c *cluster) waitMultusPod(p *multusPod) {
 	start := time.Now()
 	st := c.waitReady(&p.pod, "120s")
 	p.want.ContainerID, p.want.Socket = p.sandbox, c.node.Socket
+	if p.want.Wiring == config.WiringNodeBridge {
+		p.want.TapName = config.NodeTapName(p.sandbox, p.want.IfName)
+	}
 	raw := st.Metadata.Annotations[networkStatusAnnotation]
 	if err := json.Unmarshal([]byte(raw), &p.status); err != nil {
 		t.Errorf("pod %s: %s %q: %v", p.name, networkStatusAnnotation, raw, err)

@@ -24,8 +24,11 @@ type Expect struct {
 	TapName     string
 	Queues      int
 	NAPI        bool
-	Wiring      string // "tc-redirect", "bridge" or "none"
-	Bridge      string // bridge wiring only
+	Wiring      string // "tc-redirect", "bridge", "node-bridge" or "none"
+	Bridge      string // bridge and node-bridge wiring only
+	// NodeNetns is where a node-bridge (Kata DAN) tap is: the node's
+	// netns, not the pod's.
+	NodeNetns string
 	// Socket is napitapd's; empty skips the hand-off assertions.
 	Socket string
 	// Held is how many queue fds napitapd should hold: Queues before a
@@ -37,11 +40,12 @@ type Expect struct {
 // with the expected queue mode, up, wired as configured, and known to
 // napitapd with its queues.
 func Present(netnsPath string, want Expect) error {
-	tap, err := tapsetup.Inspect(netnsPath, want.TapName)
+	tapNetns := tapNetnsOf(netnsPath, want)
+	tap, err := tapsetup.Inspect(tapNetns, want.TapName)
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("tap %q in netns %s", want.TapName, netnsPath)
+	name := fmt.Sprintf("tap %q in netns %s", want.TapName, tapNetns)
 	switch {
 	case tap.MultiQueue != (want.Queues > 1):
 		return fmt.Errorf("%s: multiqueue %v for %d queues", name, tap.MultiQueue, want.Queues)
@@ -51,7 +55,7 @@ func Present(netnsPath string, want Expect) error {
 		// DEL and GC go by the mark: without it the tap would leak.
 		return fmt.Errorf("%s: ifalias %q, want %q", name, tap.Link.Attrs().Alias, owner(want))
 	}
-	if err := checkWiring(netnsPath, tap.Link, want); err != nil {
+	if err := checkWiring(tapNetns, tap.Link, want); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	if want.Socket == "" {
@@ -74,8 +78,9 @@ func Present(netnsPath string, want Expect) error {
 // Gone checks that nothing of the attachment is left: no tap in the netns
 // (a netns already removed is fine) and nothing in napitapd.
 func Gone(netnsPath string, want Expect) error {
-	if _, err := os.Stat(netnsPath); err == nil {
-		err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+	tapNetns := tapNetnsOf(netnsPath, want)
+	if _, err := os.Stat(tapNetns); err == nil {
+		err := ns.WithNetNSPath(tapNetns, func(ns.NetNS) error {
 			_, err := netlinksafe.LinkByName(want.TapName)
 			var nf netlink.LinkNotFoundError
 			if errors.As(err, &nf) {
@@ -88,7 +93,7 @@ func Gone(netnsPath string, want Expect) error {
 		})
 		var notNS ns.NSPathNotNSErr
 		if err != nil && !errors.As(err, &notNS) {
-			return fmt.Errorf("netns %s: %w", netnsPath, err)
+			return fmt.Errorf("netns %s: %w", tapNetns, err)
 		}
 	}
 	if want.Socket == "" {
@@ -117,9 +122,32 @@ func find(want Expect) (*handoff.Attachment, error) {
 	return nil, nil
 }
 
+// tapNetnsOf is where the attachment's tap is: the pod's netns, or the
+// node's for a Kata DAN tap.
+func tapNetnsOf(podNetns string, want Expect) string {
+	if want.Wiring == "node-bridge" {
+		return want.NodeNetns
+	}
+	return podNetns
+}
+
 func checkWiring(netnsPath string, tap netlink.Link, want Expect) error {
 	if want.Wiring == "none" || want.Wiring == "" {
 		return nil
+	}
+	if want.Wiring == "node-bridge" {
+		// The pod interface is in the pod's netns; the tap is a port of
+		// the bridge plugin's bridge in the node's.
+		return ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+			br, err := netlinksafe.LinkByName(want.Bridge)
+			if err != nil {
+				return fmt.Errorf("bridge %q: %w", want.Bridge, err)
+			}
+			if tap.Attrs().MasterIndex != br.Attrs().Index {
+				return fmt.Errorf("not a port of bridge %q", want.Bridge)
+			}
+			return nil
+		})
 	}
 	return ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
 		peer, err := netlinksafe.LinkByName(want.IfName)
