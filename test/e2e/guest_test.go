@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/napitap/napitap/internal/cnitest"
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/crihelp"
@@ -76,7 +77,7 @@ func TestGuestTrafficTakesTheNAPIPath(t *testing.T) {
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := runGuestTraffic(t, tc.handoff, tc.boot)
+			r := runGuestTraffic(t, guestNet{handoff: tc.handoff}, tc.boot)
 			throughput[tc.label] = r.out
 			if r.merged() != tc.wantMerged {
 				t.Errorf("GRO merged guest segments: %v (longest frame %d), want %v", r.merged(), r.maxLen, tc.wantMerged)
@@ -98,13 +99,15 @@ func bootQEMUOnFetchedFds(t *testing.T, b bootSpec) guestVM {
 	return startVM(t, argv, b.Serial)
 }
 
-// byNameNetdev: QEMU opens tap0 itself, one TUNSETIFF per queue.
-const byNameNetdev = "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off,queues=2"
+// byNameNetdev: QEMU opens tap itself, one TUNSETIFF per queue.
+func byNameNetdev(tap string) string {
+	return "tap,id=n0,ifname=" + tap + ",script=no,downscript=no,vhost=off,queues=2"
+}
 
-// bootQEMUByName: QEMU in the pod netns opens the tap by name.
+// bootQEMUByName: QEMU in the tap's netns opens the tap by name.
 func bootQEMUByName(t *testing.T, b bootSpec) guestVM {
-	argv := append([]string{"nsenter", "--net=" + b.Env.Pod.Path(), "--"},
-		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev, 2, b.Guest, b.Serial, true)...)
+	argv := append([]string{"nsenter", "--net=" + b.TapNetns.Path(), "--"},
+		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)...)
 	return startVM(t, argv, b.Serial)
 }
 
@@ -112,8 +115,8 @@ func bootQEMUByName(t *testing.T, b bootSpec) guestVM {
 // same QEMU, its TUNSETIFFs served by napitapd's seccomp agent.
 func bootQEMUByNameLaunched(t *testing.T, b bootSpec) guestVM {
 	argv := append([]string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--",
-		"nsenter", "--net=" + b.Env.Pod.Path(), "--"},
-		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev, 2, b.Guest, b.Serial, true)...)
+		"nsenter", "--net=" + b.TapNetns.Path(), "--"},
+		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)...)
 	return startVM(t, argv, b.Serial)
 }
 
@@ -135,10 +138,13 @@ type guestVM interface {
 }
 
 // bootSpec is what a guestBoot gets: the pod, napitapd (nil for handoff
-// mode off), and the guest to boot on the pod's tap0.
+// mode off), and the guest to boot on Tap, in TapNetns: the pod's tap0, or a
+// Kata DAN tap in the node's netns.
 type bootSpec struct {
 	Env            *cnitest.Env
 	Daemon         *crihelp.Napitapd
+	TapNetns       *nstest.NetNS
+	Tap            string
 	Kernel, Initrd string
 	Guest          vm.Guest
 	Serial         string // the guest's console log
@@ -151,7 +157,7 @@ type guestBoot func(t *testing.T, b bootSpec) guestVM
 // trafficResult is what one guest moved and what the tap saw of it.
 type trafficResult struct {
 	out, in        float64 // Mbit/s, guest -> peer and peer -> guest
-	frames, maxLen int64   // tap0's ingress after GRO
+	frames, maxLen int64   // the tap's ingress after GRO
 	// agentAttaches counts the queues napitapd's seccomp agent attached
 	// with NAPI for the runtime, as its log says.
 	agentAttaches int
@@ -164,12 +170,19 @@ func (r trafficResult) merged() bool { return r.maxLen > crihelp.MaxFrame }
 // bulk is what the guest sends and receives over TCP.
 const bulk = 8 << 20
 
+// guestNet is how napitap makes the guest's tap: its handoff mode and, for
+// Kata runtime-rs, a DAN file, which puts the tap in the node's netns.
+type guestNet struct {
+	handoff string
+	kataDan bool
+}
+
 // runGuestTraffic adds bridge + napitap (2 queues, gro_flush_timeout
-// 200 us, the given handoff mode, napitapd started unless the mode is
-// off) to a fresh pod, boots the guest with boot, has it ping and move
-// bulk bytes each way to a peer in the host netns while tap0's ingress is
-// captured, then stops it, runs DEL and checks that nothing is left.
-func runGuestTraffic(t *testing.T, handoffMode string, boot guestBoot) trafficResult {
+// 200 us, as net asks, napitapd started unless the mode is off) to a fresh
+// pod, boots the guest with boot, has it ping and move bulk bytes each way
+// to a peer in the host netns while the tap's ingress is captured, then
+// stops it, runs DEL and checks that nothing is left.
+func runGuestTraffic(t *testing.T, gn guestNet, boot guestBoot) trafficResult {
 	t.Helper()
 	e := cnitest.NewEnv(t, binDir)
 	kernel, initrd, err := vm.Artifacts(cacheDir(t))
@@ -178,12 +191,22 @@ func runGuestTraffic(t *testing.T, handoffMode string, boot guestBoot) trafficRe
 	}
 	handoffConf := `{"mode":"off"}`
 	var d *crihelp.Napitapd
-	if handoffMode != config.HandoffOff {
-		d = startNapitapd(t)
-		handoffConf = fmt.Sprintf(`{"mode":%q,"socket":%q,"required":true}`, handoffMode, d.Socket)
+	if gn.handoff != config.HandoffOff {
+		// In the node's netns, the host's here, as the DaemonSet runs it.
+		if err := e.InHost(func() error { d = startNapitapd(t); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		handoffConf = fmt.Sprintf(`{"mode":%q,"socket":%q,"required":true}`, gn.handoff, d.Socket)
 	}
-	list := e.List("1.1.0", e.BridgePlugin(), `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":`+handoffConf+`}`)
+	napitap := `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":` + handoffConf
+	tapNetns, tap := e.Pod, "tap0"
+	if gn.kataDan {
+		napitap += fmt.Sprintf(`,"kataDan":{"enabled":true,"dir":%q}`, t.TempDir())
+		tapNetns, tap = e.Host, config.NodeTapName(e.ContainerID, "eth0")
+	}
+	list := e.List("1.1.0", e.BridgePlugin(), napitap+`}`)
 	rt := e.RT("eth0")
+	hostBefore := e.HostLinks()
 	res := e.MustAdd(list, rt)
 	deleted := false
 	t.Cleanup(func() {
@@ -198,7 +221,7 @@ func runGuestTraffic(t *testing.T, handoffMode string, boot guestBoot) trafficRe
 	source := crihelp.ListenIn(t, e.Host, gateway+":5002", func(c net.Conn) (int64, error) {
 		return io.CopyN(c, crihelp.ZeroReader{}, bulk)
 	})
-	capture := crihelp.StartCapture(t, e.Pod.Path(), "tap0")
+	capture := crihelp.StartCapture(t, tapNetns.Path(), tap)
 
 	script := fmt.Sprintf(`ping -c 3 %[1]s && echo PING-OK
 dd if=/dev/zero bs=65536 count=%[2]d 2>/dev/null | nc %[1]s 5001 && echo SENT-OK
@@ -208,7 +231,7 @@ sleep 4
 `, gateway, bulk/65536)
 	guest := vm.Guest{IP: guestIP.Address.String(), Gateway: gateway, MAC: guestIf.Mac, Script: script}
 	serial := filepath.Join(t.TempDir(), "serial.log")
-	v := boot(t, bootSpec{Env: e, Daemon: d, Kernel: kernel, Initrd: initrd, Guest: guest, Serial: serial})
+	v := boot(t, bootSpec{Env: e, Daemon: d, TapNetns: tapNetns, Tap: tap, Kernel: kernel, Initrd: initrd, Guest: guest, Serial: serial})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := v.WaitFor(ctx, "PEER-PING-WINDOW"); err != nil {
@@ -236,7 +259,7 @@ sleep 4
 	}
 	seen := capture.Stop()
 	r.frames, r.maxLen = seen.Frames, seen.MaxLen
-	t.Logf("tap0 ingress: %s", seen)
+	t.Logf("%s ingress: %s", tap, seen)
 	if err := v.Stop(); err != nil {
 		t.Logf("stop: %v", err)
 	}
@@ -247,6 +270,10 @@ sleep 4
 	deleted = true
 	if links := e.PodLinks(); len(links) != 1 {
 		t.Errorf("pod netns after DEL: %v, want only lo", links)
+	}
+	// The bridge plugin leaves its bridge, and nothing else may stay.
+	if links := e.HostLinks(); len(links) != len(hostBefore)+1 {
+		t.Errorf("host netns after DEL: %v, before ADD: %v and no bridge", links, hostBefore)
 	}
 	if d != nil {
 		r.agentAttaches = agentAttaches(t, d)

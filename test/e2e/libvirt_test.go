@@ -48,7 +48,7 @@ func TestLibvirtDomainOnTheTapGetsNAPIOnlyUnderTheLauncher(t *testing.T) {
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := runGuestTraffic(t, config.HandoffIntercept, func(t *testing.T, b bootSpec) guestVM {
+			r := runGuestTraffic(t, guestNet{handoff: config.HandoffIntercept}, func(t *testing.T, b bootSpec) guestVM {
 				var launcher []string
 				if tc.launch {
 					launcher = []string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--"}
