@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,6 +68,12 @@ type connTable struct {
 
 	refusals unixsock.Every // log lines about refused connections
 	failures unixsock.Every // log lines about failed accepts
+
+	// The connections being served, for Drain.
+	mu       sync.Mutex
+	open     map[*net.UnixConn]struct{}
+	wg       sync.WaitGroup
+	draining bool
 }
 
 // listenBacklog bounds the queue of connections napitapd has not accepted

@@ -144,7 +144,9 @@ func (s *Server) Serve(l *net.UnixListener) error {
 		if !ok {
 			continue
 		}
+		s.conns.track(conn)
 		go func() {
+			defer s.conns.untrack(conn)
 			defer s.conns.quota.Done(uid)
 			s.serveConn(conn)
 		}()
@@ -164,6 +166,9 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		// A peer that keeps a connection open and says nothing holds a
 		// goroutine and an fd; let it go after a while.
 		_ = conn.SetReadDeadline(time.Now().Add(idleTimeout))
+		if s.conns.isDraining() {
+			return // after the deadline: see Drain
+		}
 		b, files, err := recvMsg(conn)
 		if errors.Is(err, io.EOF) {
 			return

@@ -61,6 +61,10 @@ type Agent struct {
 	listeners map[*os.File]string
 	closed    bool
 	wg        sync.WaitGroup
+	// detaching: Detach wakes the goroutines, which leave their listener
+	// open in detached instead of closing it.
+	detaching bool
+	detached  []Listener
 
 	// beforeReply, for tests (set under mu), runs after the decision and
 	// before the answer, attached telling whether the caller's fd was
@@ -149,6 +153,11 @@ func (a *Agent) serve(f *os.File, uid uint32, origin string) {
 		a.mu.Lock()
 		delete(a.listeners, f)
 		left := len(a.listeners)
+		if a.detaching && !exited {
+			a.detached = append(a.detached, Listener{File: f, UID: uid, Origin: origin})
+			a.mu.Unlock()
+			return
+		}
 		a.mu.Unlock()
 		f.Close()
 		if exited {

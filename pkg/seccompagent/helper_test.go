@@ -130,6 +130,8 @@ type targetSpec struct {
 	// Cycles of TUNSETIFF, TUNGETIFF, close (on fds opened with the
 	// queues') before the queues, each TUNSETIFF timed.
 	Cycles int
+	// Wait for this file to exist before the first TUNSETIFF.
+	Wait string
 }
 
 type targetResult struct {
@@ -227,6 +229,12 @@ func runTarget() int {
 		if err := syscall.Setresuid(*spec.UID, *spec.UID, *spec.UID); err != nil {
 			return fail("setresuid: %v", err)
 		}
+	}
+	for spec.Wait != "" {
+		if _, err := os.Stat(spec.Wait); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	for _, fd := range cycleFDs {
 		start := time.Now()
