@@ -69,11 +69,13 @@ test: deps-test build tools
 # (a nested module, so the Kubernetes libraries stay out of the plugin's).
 # deploy/test/kubevirt decodes the KubeVirt ones into kubevirt.io/api's types
 # twice: at the newest release (go.mod) and the oldest the KubeVirt README
-# claims (oldest.mod).
+# claims (oldest.mod); deploy/test/containerd decodes the Kata containerd
+# snippets with containerd 1.7's and 2.0's own config types.
 deploy-test:
 	cd deploy/test && $(GO) vet ./... && $(GO) test -count=1 ./...
 	cd deploy/test/kubevirt && $(GO) vet ./... && $(GO) test -count=1 ./... && \
 		$(GO) vet -modfile=oldest.mod ./... && $(GO) test -count=1 -modfile=oldest.mod ./...
+	cd deploy/test/containerd && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The end-to-end suites alone: a QEMU guest, containerd + crictl, Multus-style
 # delegation, faults and churn.

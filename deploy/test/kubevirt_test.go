@@ -81,8 +81,10 @@ func TestKataPodRunsRuntimeRsUnderTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("runtime_type io.containerd.%s.v2 needs a shim of that name: %v", runtimeType[1], err)
 	}
-	if !strings.Contains(string(wrapper), "napitapctl launch") || !strings.Contains(string(wrapper), "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2") {
-		t.Error("the shim wrapper does not exec runtime-rs's shim through napitapctl launch")
+	// When it goes through napitapctl launch is TestKataShimWrapperLaunchesOnlyASandboxStart's;
+	// how containerd reads the snippets, deploy/test/containerd's.
+	if !strings.Contains(string(wrapper), "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2") {
+		t.Error("the shim wrapper does not exec runtime-rs's shim")
 	}
 	if !strings.Contains(string(toml), "runtime-rs/configuration-") {
 		t.Error("containerd-config.toml does not point ConfigPath at a runtime-rs configuration")
