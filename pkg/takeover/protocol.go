@@ -1,0 +1,250 @@
+// Package takeover hands a running napitapd's open files to a new one on
+// the same state dir, for an upgrade without loss: its listening sockets
+// (which move, so no connection is refused), every seccomp listener and
+// every held queue fd, and the state dir's lock.
+//
+// Transport: SocketName in the state dir (root only), SOCK_SEQPACKET,
+// served by the running napitapd to a peer of uid 0 only. Every message is
+// one datagram holding one JSON object (at most MaxHeader bytes) with its
+// fds, if any, as SCM_RIGHTS (at most MaxFDs):
+//
+//	new -> old  hello    {versions}       the versions the new one speaks
+//	old -> new  refuse   {error}          none in common: the old one serves on
+//	old -> new  accept   {version}        the old one stops serving
+//	old -> new  files    {items} + fds    one item per fd, in batches
+//	old -> new  done     {count}          every fd sent
+//	new -> old  ready                     or abort {error}: the old one resumes
+//	old -> new  go                        the old one exits; the new one serves
+//
+// The old napitapd serves nothing from accept on, and again only if the
+// exchange fails before go: never are two serving. Version is 1.
+package takeover
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/handoff"
+)
+
+const (
+	// Version is the protocol this napitapd speaks; a later one that can
+	// also speak this lists it in its hello.
+	Version = 1
+	// SocketName and LockName are in the state dir.
+	SocketName = "takeover.sock"
+	LockName   = "napitapd.lock"
+	// MaxHeader bounds one message's JSON.
+	MaxHeader = 64 << 10
+	// MaxFDs is the kernel's SCM_MAX_FD, as handoff.MaxFDs.
+	MaxFDs = handoff.MaxFDs
+	// batchHeader is where a batch of items stops growing: an item with
+	// the longest origin the agent writes stays well under MaxHeader.
+	batchHeader = 32 << 10
+)
+
+// Kinds of files.
+const (
+	KindLock     = "lock"             // the state dir's lock (LockName)
+	KindSocket   = "socket"           // a listening socket, Name says which
+	KindListener = "seccomp-listener" // UID and Origin as the agent knew them
+	KindQueue    = "queue"            // a held queue of the attachment Key
+)
+
+// Item is what the old napitapd knows of a file it hands over.
+type Item struct {
+	Kind   string       `json:"kind"`
+	Name   string       `json:"name,omitempty"`
+	UID    uint32       `json:"uid,omitempty"`
+	Origin string       `json:"origin,omitempty"`
+	Key    *handoff.Key `json:"key,omitempty"`
+}
+
+// File is a file handed over, with what is known of it.
+type File struct {
+	Item
+	File *os.File
+}
+
+// CloseAll closes every file.
+func CloseAll(files []File) {
+	for _, f := range files {
+		f.File.Close()
+	}
+}
+
+const (
+	opHello  = "hello"
+	opRefuse = "refuse"
+	opAccept = "accept"
+	opFiles  = "files"
+	opDone   = "done"
+	opReady  = "ready"
+	opAbort  = "abort"
+	opGo     = "go"
+)
+
+type message struct {
+	Version  int    `json:"version"`
+	Op       string `json:"op"`
+	Versions []int  `json:"versions,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Items    []Item `json:"items,omitempty"`
+	Count    int    `json:"count,omitempty"`
+}
+
+// send writes m with files as one datagram.
+func send(c *net.UnixConn, m *message, files []*os.File) error {
+	m.Version = Version
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxHeader || len(files) > MaxFDs {
+		return fmt.Errorf("takeover: %s message of %d bytes and %d fds exceeds %d and %d", m.Op, len(b), len(files), MaxHeader, MaxFDs)
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			// SyscallConn, not Fd: Fd would switch the file to blocking.
+			rc, err := f.SyscallConn()
+			if err != nil {
+				return err
+			}
+			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
+				return err
+			}
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+// recv reads one datagram and wants one of ops (or refuse or abort, which
+// it returns as a *PeerError). Received fds are close-on-exec; on any error they
+// are closed. io.EOF: the peer hung up.
+func recv(c *net.UnixConn, ops ...string) (*message, []*os.File, error) {
+	buf := make([]byte, MaxHeader+1)
+	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	files, perr := parseRights(oob[:max(oobn, 0)])
+	var m message
+	switch {
+	case err != nil:
+	case perr != nil:
+		err = fmt.Errorf("takeover: ancillary data: %w", perr)
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > MaxHeader:
+		err = fmt.Errorf("takeover: message larger than %d bytes or %d fds", MaxHeader, MaxFDs)
+	case n == 0:
+		err = io.EOF // SEQPACKET: a 0-byte read is the peer's close
+	default:
+		if jerr := json.Unmarshal(buf[:n], &m); jerr != nil {
+			err = fmt.Errorf("takeover: malformed message: %w", jerr)
+		} else if m.Op == opRefuse || m.Op == opAbort {
+			err = &PeerError{Op: m.Op, Message: m.Error}
+		} else if !slices.Contains(ops, m.Op) {
+			err = fmt.Errorf("takeover: got %q, want %q", m.Op, ops)
+		} else if len(files) != len(m.Items) {
+			err = fmt.Errorf("takeover: %q message names %d files, %d came with it", m.Op, len(m.Items), len(files))
+		}
+	}
+	if err != nil {
+		closeFiles(files)
+		return nil, nil, err
+	}
+	return &m, files, nil
+}
+
+// PeerError is the other side's refusal (refuse) or abort.
+type PeerError struct {
+	Op, Message string
+}
+
+func (e *PeerError) Error() string { return "takeover: peer answered " + e.Op + ": " + e.Message }
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	var firstErr error
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			firstErr = errors.Join(firstErr, err)
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "takeover"))
+		}
+	}
+	return files, firstErr
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// sendFiles sends files in batches, then done.
+func sendFiles(c *net.UnixConn, files []File) error {
+	for start := 0; start < len(files); {
+		end, size := start, 0
+		for end < len(files) && end-start < MaxFDs {
+			b, err := json.Marshal(files[end].Item)
+			if err != nil {
+				return err
+			}
+			if size += len(b) + 1; size > batchHeader && end > start {
+				break
+			}
+			end++
+		}
+		m := &message{Op: opFiles}
+		fs := make([]*os.File, 0, end-start)
+		for _, f := range files[start:end] {
+			m.Items = append(m.Items, f.Item)
+			fs = append(fs, f.File)
+		}
+		if err := send(c, m, fs); err != nil {
+			return fmt.Errorf("takeover: send files %d-%d of %d: %w", start, end, len(files), err)
+		}
+		start = end
+	}
+	return send(c, &message{Op: opDone, Count: len(files)}, nil)
+}
+
+// recvFiles reads batches until done.
+func recvFiles(c *net.UnixConn) ([]File, error) {
+	var out []File
+	for {
+		m, files, err := recv(c, opFiles, opDone)
+		if err == nil && m.Op == opDone && m.Count != len(out) {
+			err = fmt.Errorf("takeover: done after %d files, the old napitapd counts %d", len(out), m.Count)
+		}
+		if err != nil {
+			CloseAll(out)
+			return nil, err
+		}
+		if m.Op == opDone {
+			return out, nil
+		}
+		for i, f := range files {
+			out = append(out, File{Item: m.Items[i], File: f})
+		}
+	}
+}
