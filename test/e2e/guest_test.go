@@ -35,10 +35,11 @@ func TestMain(m *testing.M) {
 	}, cnitest.ReferencePlugins...)...)
 }
 
-// startNapitapd runs the napitapd binary on sockets of the test's own and
-// stops it by PID when the test ends.
-func startNapitapd(t *testing.T) *crihelp.Napitapd {
-	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir())
+// startNapitapd runs the napitapd binary in the netns at netns (the
+// node's, as the DaemonSet runs it) on sockets of the test's own and stops
+// it by PID when the test ends.
+func startNapitapd(t *testing.T, netns string) *crihelp.Napitapd {
+	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir(), netns)
 }
 
 // TestGuestTrafficTakesTheNAPIPath boots a real guest on the tap of a pod
@@ -192,10 +193,7 @@ func runGuestTraffic(t *testing.T, gn guestNet, boot guestBoot) trafficResult {
 	handoffConf := `{"mode":"off"}`
 	var d *crihelp.Napitapd
 	if gn.handoff != config.HandoffOff {
-		// In the node's netns, the host's here, as the DaemonSet runs it.
-		if err := e.InHost(func() error { d = startNapitapd(t); return nil }); err != nil {
-			t.Fatal(err)
-		}
+		d = startNapitapd(t, e.Host.Path())
 		handoffConf = fmt.Sprintf(`{"mode":%q,"socket":%q,"required":true}`, gn.handoff, d.Socket)
 	}
 	napitap := `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":` + handoffConf

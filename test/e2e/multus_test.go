@@ -16,7 +16,7 @@ import (
 // runtimeConfig.mac through the "mac" capability.
 func TestMultusStyleDelegation(t *testing.T) {
 	e := cnitest.NewEnv(t, binDir)
-	socket := startNapitapd(t).Socket
+	socket := startNapitapd(t, "").Socket
 	const podMAC = "02:4e:41:00:00:07"
 	podArgs := `"args":{"cni":{"queues":8,"threadedNapi":true}}`
 	bridge := e.BridgePlugin()

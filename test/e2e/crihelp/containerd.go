@@ -313,7 +313,9 @@ func Start(t testing.TB, cfg Config) *Node {
 			t.Fatal(err)
 		}
 	}
-	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"))
+	// In the node netns, as the DaemonSet's hostNetwork runs it: a Kata DAN
+	// tap is there (DESIGN.md fact 18).
+	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"), n.NetNS.Path())
 	n.Socket, n.StateDir = d.Socket, d.StateDir
 	n.Napitapd = d
 	n.WriteConflist(cfg.Queues)
@@ -824,7 +826,7 @@ type Napitapd struct {
 // in dir (never napitapd's node-wide defaults under /run/napitap, which a
 // real napitapd or another test may own) and stops it by PID when the test
 // ends.
-func StartNapitapd(t testing.TB, bin, dir string) *Napitapd {
+func StartNapitapd(t testing.TB, bin, dir, netns string) *Napitapd {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -840,6 +842,10 @@ func StartNapitapd(t testing.TB, bin, dir string) *Napitapd {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
+	if netns != "" {
+		// nsenter execs napitapd: the pid stays napitapd's.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + netns, "--"}, cmd.Args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

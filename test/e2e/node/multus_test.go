@@ -304,10 +304,10 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 			want: nodecheck.Expect{IfName: "net1", TapName: "net1", Queues: 2, NAPI: true, Wiring: "none", Held: 2}},
 		{pod: pod{name: "vm-kubevirt"}, nad: "napitap-kubevirt",
 			want: nodecheck.Expect{IfName: kubevirtIf, TapName: kubeVirtTapName(kubevirtIf), Queues: 4, NAPI: true, Wiring: "tc-redirect", Held: 0}},
-		// Its tap is in the node's netns, this process's, named when the
-		// sandbox is known (waitMultusPod).
+		// Its tap is in the node's netns, named when the sandbox is known
+		// (waitMultusPod).
 		{pod: pod{name: "vm-kata"}, nad: "napitap-kata", subnet: "10.197.0.0/24",
-			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: "/proc/self/ns/net", Held: 0}},
+			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: c.node.NetNS.Path(), Held: 0}},
 	}
 	for _, p := range pods[1:] {
 		c.apply(c.multusManifest(p.name, fmt.Sprintf(`[{"name":%q,"interface":%q}]`, p.nad, p.want.IfName)))
