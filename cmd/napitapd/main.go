@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
+	"github.com/napitap/napitap/pkg/takeover"
 )
 
 // options are napitapd's flags.
@@ -66,41 +68,59 @@ func run(logger *slog.Logger, o options) error {
 	if err != nil {
 		return err
 	}
-	srv, err := handoff.NewServer(o.stateDir, logger)
+
+	// One napitapd per state dir: the first takes its lock; a later one
+	// takes everything over from it, or waits for it to exit.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	lock, offer, err := takeover.Acquire(ctx, o.stateDir, o.socket, logger)
+	cancel()
 	if err != nil {
 		return err
 	}
-	srv.Limits = o.limits
-	l, err := handoff.Listen(o.socket, os.FileMode(mode), gid)
-	if err != nil {
+	files := []takeover.File{{Item: takeover.Item{Kind: takeover.KindLock}, File: lock}}
+	if offer != nil {
+		files = offer.Files
+	}
+	d := newDaemon(o, os.FileMode(mode), gid, logger)
+	if err := d.prepare(files); err != nil {
+		if offer != nil {
+			offer.Decline(err)
+			return fmt.Errorf("taking over: %w", err)
+		}
+		takeover.CloseAll(files)
 		return err
 	}
-	if o.seccompSocket != "" {
-		stopAgent, err := seccompagent.Start(o.seccompSocket, os.FileMode(mode), gid, agentRegistry(srv), logger)
-		if err != nil {
-			l.Close()
+	if offer != nil {
+		if err := offer.Accept(); err != nil {
+			d.discard()
+			takeover.CloseAll(files)
 			return err
 		}
-		defer stopAgent()
+	}
+	takeover.CloseAll(files)
+	d.serve()
+	took := ""
+	if offer != nil {
+		took = time.Since(offer.Asked).String()
 	}
 	logger.Info("serving", "socket", o.socket, "state", o.stateDir, "seccomp-socket", o.seccompSocket,
-		"maxConns", o.limits.MaxConns, "maxConnsPerUID", o.limits.MaxConnsPerUID)
+		"maxConns", o.limits.MaxConns, "maxConnsPerUID", o.limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took)
 
-	go func() {
-		for range time.Tick(o.sweep) {
-			if n := srv.Sweep(); n > 0 {
-				logger.Info("swept attachments whose pod is gone", "count", n)
-			}
-		}
-	}()
-	go func() {
-		<-stop
-		l.Close()
-	}()
-	err = srv.Serve(l)
-	srv.Close()
-	os.Remove(o.socket)
-	return err
+	select {
+	case <-stop:
+		return d.stop()
+	case <-d.handed:
+		return nil
+	case err := <-d.failed:
+		return err
+	}
 }
 
 func lookupGroup(group string) (int, error) {

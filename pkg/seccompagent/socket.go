@@ -274,6 +274,15 @@ func origin(st *specs.ContainerProcessState, peer string) string {
 	return fmt.Sprintf("pid %d (%s)", st.Pid, peer)
 }
 
+// CheckCapabilities logs what the agent cannot do without CAP_SETUID and
+// CAP_SETGID.
+func CheckCapabilities(logger *slog.Logger) {
+	const setIDs = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
+	if c, err := tunperm.Read(os.Getpid()); err == nil && c.CapEff&setIDs != setIDs {
+		logger.Error("seccomp agent: napitapd lacks CAP_SETUID or CAP_SETGID, without which it cannot attach a queue as the calling runtime: every TUNSETIFF is left to the kernel, without NAPI")
+	}
+}
+
 // Start serves the socket at path with an agent for reg until the
 // returned stop is called; stop closes every listener, after which their
 // processes get ENOSYS for TUNSETIFF (there is no taking a filter back).
@@ -282,10 +291,7 @@ func Start(path string, mode os.FileMode, gid int, reg Registry, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	const setIDs = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
-	if c, err := tunperm.Read(os.Getpid()); err == nil && c.CapEff&setIDs != setIDs {
-		logger.Error("seccomp agent: napitapd lacks CAP_SETUID or CAP_SETGID, without which it cannot attach a queue as the calling runtime: every TUNSETIFF is left to the kernel, without NAPI")
-	}
+	CheckCapabilities(logger)
 	l, err := Listen(path, mode, gid)
 	if err != nil {
 		agent.Close()

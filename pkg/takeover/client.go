@@ -20,6 +20,8 @@ import (
 // it has stopped serving, and waits for Accept or Decline.
 type Offer struct {
 	Files []File
+	// Asked is when the request went out: the takeover's time starts there.
+	Asked time.Time
 	conn  *net.UnixConn
 }
 
@@ -34,7 +36,7 @@ func Request(stateDir string) (*Offer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
-	o := &Offer{conn: c}
+	o := &Offer{conn: c, Asked: time.Now()}
 	if err := o.request(); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("takeover through %s: %w", path, err)

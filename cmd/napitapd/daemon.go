@@ -1,0 +1,339 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/seccompagent"
+	"github.com/napitap/napitap/pkg/takeover"
+)
+
+// Socket names in a takeover.
+const (
+	sockHandoff  = "handoff"
+	sockSeccomp  = "seccomp"
+	sockTakeover = "takeover"
+)
+
+// daemon is napitapd's open files and what serves them. It is built from
+// files (prepare): those a takeover handed over, or only the state dir's
+// lock on a fresh start; serve starts serving, and a takeover's Detach
+// gives them all back as files.
+type daemon struct {
+	o    options
+	mode os.FileMode
+	gid  int
+	log  *slog.Logger
+
+	// mu is held from a takeover's Detach to its Handed or Resume, so that
+	// a SIGTERM waits for the outcome.
+	mu         sync.Mutex
+	lock       *os.File
+	srv        *handoff.Server
+	agent      *seccompagent.Agent // nil without --seccomp-socket
+	listeners  []seccompagent.Listener
+	hl, sl, tl *net.UnixListener
+	hDone      chan error
+	sDone      chan struct{}
+	sweepStop  chan struct{}
+	sweepDone  chan struct{}
+
+	handed chan struct{} // closed once a takeover handed everything over
+	failed chan error    // a failed takeover could not serve again
+}
+
+func newDaemon(o options, mode os.FileMode, gid int, logger *slog.Logger) *daemon {
+	return &daemon{o: o, mode: mode, gid: gid, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
+}
+
+// prepare builds everything from files without serving yet. It keeps
+// copies of what it uses: the caller closes files, whatever the outcome.
+// A listening socket handed over is used as is (it moves, it is never
+// rebound); one missing is made.
+func (d *daemon) prepare(files []takeover.File) (err error) {
+	defer func() {
+		if err != nil {
+			d.discard()
+		}
+	}()
+	sockets := map[string]*os.File{}
+	queues := map[handoff.Key][]*os.File{}
+	var keys []handoff.Key
+	d.listeners = nil
+	for _, f := range files {
+		switch f.Kind {
+		case takeover.KindLock:
+			if d.lock, err = dup(f.File); err != nil {
+				return fmt.Errorf("the state dir's lock: %w", err)
+			}
+		case takeover.KindSocket:
+			sockets[f.Name] = f.File
+		case takeover.KindListener:
+			c, err := dup(f.File)
+			if err != nil {
+				d.log.Error("takeover: a seccomp listener is lost", "listener", f.Origin, "err", err)
+				continue
+			}
+			d.listeners = append(d.listeners, seccompagent.Listener{File: c, UID: f.UID, Origin: f.Origin})
+		case takeover.KindQueue:
+			if f.Key == nil {
+				continue
+			}
+			if _, ok := queues[*f.Key]; !ok {
+				keys = append(keys, *f.Key)
+			}
+			queues[*f.Key] = append(queues[*f.Key], f.File)
+		}
+	}
+	if d.lock == nil {
+		return errors.New("no lock of the state dir")
+	}
+	if d.srv, err = handoff.NewServer(d.o.stateDir, d.log); err != nil {
+		return err
+	}
+	d.srv.Limits = d.o.limits
+	for _, key := range keys {
+		var own []*os.File
+		for _, q := range queues[key] {
+			if c, err := dup(q); err == nil {
+				own = append(own, c)
+			}
+		}
+		if err := d.srv.AdoptHeld(key, own); err != nil {
+			d.log.Warn("takeover: held queues not taken; a fetch reopens them", "err", err)
+		}
+	}
+	if d.hl, err = listener(sockets[sockHandoff], d.o.socket, func() (*net.UnixListener, error) {
+		return handoff.Listen(d.o.socket, d.mode, d.gid)
+	}); err != nil {
+		return err
+	}
+	if d.o.seccompSocket != "" {
+		if d.sl, err = listener(sockets[sockSeccomp], d.o.seccompSocket, func() (*net.UnixListener, error) {
+			return seccompagent.Listen(d.o.seccompSocket, d.mode, d.gid)
+		}); err != nil {
+			return err
+		}
+		if d.agent, err = seccompagent.New(agentRegistry(d.srv), d.log, seccompagent.Options{}); err != nil {
+			return err
+		}
+	}
+	d.tl, err = listener(sockets[sockTakeover], takeover.Socket(d.o.stateDir), func() (*net.UnixListener, error) {
+		return takeover.Listen(d.o.stateDir)
+	})
+	return err
+}
+
+// listener wraps a copy of inherited if it is the socket at path, else
+// makes one with listen.
+func listener(inherited *os.File, path string, listen func() (*net.UnixListener, error)) (*net.UnixListener, error) {
+	if inherited == nil {
+		return listen()
+	}
+	l, err := net.FileListener(inherited) // a copy
+	if err != nil {
+		return nil, fmt.Errorf("socket %s handed over: %w", path, err)
+	}
+	if ul, ok := l.(*net.UnixListener); ok && ul.Addr().String() == path {
+		return ul, nil
+	}
+	l.Close()
+	return listen() // the old one served another path
+}
+
+// discard closes what prepare made, and leaves the socket paths alone:
+// they may be the old napitapd's.
+func (d *daemon) discard() {
+	for _, l := range []*net.UnixListener{d.hl, d.sl, d.tl} {
+		if l != nil {
+			l.SetUnlinkOnClose(false)
+			l.Close()
+		}
+	}
+	for _, l := range d.listeners {
+		l.File.Close()
+	}
+	if d.srv != nil {
+		d.srv.Close()
+	}
+	if d.lock != nil {
+		d.lock.Close()
+	}
+	d.hl, d.sl, d.tl, d.listeners, d.srv, d.lock, d.agent = nil, nil, nil, nil, nil, nil, nil
+}
+
+// serve starts serving what prepare built.
+func (d *daemon) serve() {
+	if d.agent != nil {
+		seccompagent.CheckCapabilities(d.log)
+		for _, l := range d.listeners {
+			if err := d.agent.Adopt(l); err != nil {
+				d.log.Error("takeover: a seccomp listener is lost: its processes get ENOSYS for TUNSETIFF", "listener", l.Origin, "err", err)
+			}
+		}
+		d.sDone = make(chan struct{})
+		go func(agent *seccompagent.Agent, l *net.UnixListener, done chan struct{}) {
+			defer close(done)
+			if err := seccompagent.NewServer(agent, d.log, seccompagent.Limits{}).Serve(l); err != nil {
+				d.log.Error("seccomp socket", "path", d.o.seccompSocket, "err", err)
+			}
+		}(d.agent, d.sl, d.sDone)
+	}
+	d.listeners = nil
+	d.hDone = make(chan error, 1)
+	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(l) }(d.srv, d.hl, d.hDone)
+	go func(l *net.UnixListener) {
+		if err := takeover.Serve(l, d, d.log); err != nil {
+			d.log.Error("takeover socket", "err", err)
+		}
+	}(d.tl)
+	d.sweepStop, d.sweepDone = make(chan struct{}), make(chan struct{})
+	go func(srv *handoff.Server, stop, done chan struct{}) {
+		defer close(done)
+		t := time.NewTicker(d.o.sweep)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if n := srv.Sweep(); n > 0 {
+					d.log.Info("swept attachments whose pod is gone", "count", n)
+				}
+			}
+		}
+	}(d.srv, d.sweepStop, d.sweepDone)
+}
+
+// Detach stops serving, closing nothing, and returns every open file
+// for the next napitapd (takeover.Handler). Connections in the sockets'
+// backlogs stay there for it: the sockets move, they are not closed.
+func (d *daemon) Detach() []takeover.File {
+	d.mu.Lock()
+	close(d.sweepStop)
+	<-d.sweepDone
+	var files []takeover.File
+	add := func(item takeover.Item, f *os.File) { files = append(files, takeover.File{Item: item, File: f}) }
+	add(takeover.Item{Kind: takeover.KindLock}, d.lock)
+	for _, s := range []struct {
+		name string
+		l    *net.UnixListener
+	}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
+		if s.l == nil {
+			continue
+		}
+		f, err := s.l.File()
+		if err != nil {
+			d.log.Error("takeover: the next napitapd binds this socket anew", "socket", s.l.Addr().String(), "err", err)
+		} else {
+			add(takeover.Item{Kind: takeover.KindSocket, Name: s.name}, f)
+		}
+		// Stops the accept loop and leaves the path to the next one.
+		s.l.SetUnlinkOnClose(false)
+		s.l.Close()
+	}
+	if err := <-d.hDone; err != nil {
+		d.log.Error("serve", "err", err)
+	}
+	if d.sDone != nil {
+		<-d.sDone // and the connections it accepted: their listeners are in the agent
+	}
+	d.srv.Drain()
+	if d.agent != nil {
+		for _, l := range d.agent.Detach() {
+			add(takeover.Item{Kind: takeover.KindListener, UID: l.UID, Origin: l.Origin}, l.File)
+		}
+	}
+	held := d.srv.TakeHeld()
+	keys := make([]handoff.Key, 0, len(held))
+	for k := range held {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b handoff.Key) int { return cmp.Compare(a.String(), b.String()) })
+	for _, k := range keys {
+		for _, q := range held[k] {
+			add(takeover.Item{Kind: takeover.KindQueue, Key: &k}, q)
+		}
+	}
+	d.hl, d.sl, d.tl, d.lock = nil, nil, nil, nil
+	return files
+}
+
+// Resume serves files again after a failed takeover.
+func (d *daemon) Resume(files []takeover.File) {
+	defer d.mu.Unlock()
+	d.srv.Close() // holds nothing now: TakeHeld
+	err := d.prepare(files)
+	takeover.CloseAll(files)
+	if err != nil {
+		d.failed <- fmt.Errorf("serving again after a failed takeover: %w", err)
+		return
+	}
+	d.serve()
+}
+
+// Handed: the next napitapd serves everything; this one closes its copies
+// and exits 0.
+func (d *daemon) Handed(files []takeover.File) {
+	defer d.mu.Unlock()
+	takeover.CloseAll(files)
+	d.srv, d.agent = nil, nil
+	close(d.handed)
+}
+
+// stop is SIGTERM's: stop serving, close every fd and remove the sockets.
+// The processes under the agent's listeners get ENOSYS for TUNSETIFF from
+// then on; the state stays for the next napitapd.
+func (d *daemon) stop() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.handed:
+		return nil
+	default:
+	}
+	if d.hl == nil {
+		return nil
+	}
+	close(d.sweepStop)
+	d.hl.Close()
+	err := <-d.hDone
+	d.srv.Close()
+	if d.sl != nil {
+		d.sl.Close()
+		<-d.sDone
+		d.agent.Close()
+		os.Remove(d.o.seccompSocket)
+	}
+	d.tl.Close()
+	os.Remove(takeover.Socket(d.o.stateDir))
+	os.Remove(d.o.socket)
+	d.lock.Close()
+	return err
+}
+
+// dup is a close-on-exec copy of f's fd.
+func dup(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, os.NewSyscallError("fcntl", derr)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}

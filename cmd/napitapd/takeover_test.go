@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/napiprobe"
+	"github.com/napitap/napitap/pkg/seccompagent"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// launchSleepEnv makes the re-executed test binary `napitapctl launch --
+// sleep 60` against the seccomp socket it names: a process under the
+// filter whose listener napitapd serves until it is killed.
+const launchSleepEnv = "NAPITAPD_TEST_LAUNCH_SLEEP"
+
+func init() {
+	if socket := os.Getenv(launchSleepEnv); socket != "" {
+		// Before TestMain: the launch must not run the tests.
+		err := seccompagent.Launch(socket, []string{"sleep", "60"}, os.Environ())
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(3)
+	}
+}
+
+// syncBuf is a log written by one process and read by the test.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuf) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuf) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// napitapd is a napitapd process of the test's.
+type napitapd struct {
+	cmd  *exec.Cmd
+	log  *syncBuf
+	done chan struct{} // closed at its exit, with err
+	err  error
+}
+
+// paths are one napitapd's --socket, --seccomp-socket and --state-dir.
+type paths struct{ socket, seccomp, state string }
+
+func startNapitapdProc(t *testing.T, p paths) *napitapd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	d := &napitapd{cmd: cmd, log: &syncBuf{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d.log, d.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		if t.Failed() {
+			t.Logf("napitapd pid %d log:\n%s", cmd.Process.Pid, d.log)
+		}
+	})
+	return d
+}
+
+// seccompListeners counts the seccomp listeners process pid holds.
+func seccompListeners(t *testing.T, pid int) int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(target, "anon_inode:seccomp notify") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestASecondNapitapdTakesEverythingOverAndTheFirstExits: a napitapd
+// started on the paths of a running one takes its sockets, its seccomp
+// listener and its held queues; the first exits 0, a client polling the
+// socket throughout sees no error, and the queues fetched from the second
+// are NAPI queues.
+func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "takeover")
+	const tap = "napitk0"
+	key := handoff.Key{ContainerID: "takeover", IfName: "net1"}
+	dir := t.TempDir()
+	p := paths{filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "seccomp.sock"), filepath.Join(dir, "state")}
+
+	first := startNapitapdProc(t, p)
+	waitFile(t, p.socket)
+	waitFile(t, p.seccomp)
+	var queues []*os.File
+	err := ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error {
+		var err error
+		if _, queues, err = tapsetup.Create(tapsetup.Spec{Name: tap, Queues: 2, VnetHdrSize: 12,
+			Flags: tapsetup.QueueFlags{MultiQueue: true, VnetHdr: true, NAPI: true}}); err != nil {
+			return err
+		}
+		link, err := netlink.LinkByName(tap)
+		if err == nil {
+			err = netlink.LinkSetAlias(link, tapsetup.OwnerAlias(key.ContainerID, key.IfName))
+		}
+		if err == nil {
+			err = netlink.LinkSetUp(link)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gro := uint64(200_000)
+	if err := tapsetup.ApplyNAPIKnobs(pod.Path(), tap, tapsetup.NAPIKnobs{GROFlushTimeout: &gro}); err != nil {
+		t.Fatal(err)
+	}
+	client := &handoff.Client{Socket: p.socket}
+	err = client.Register(&handoff.Attachment{Key: key, Network: "net-a", Netns: pod.Path(), TapName: tap,
+		Queues: 2, MultiQueue: true, NAPI: true, VnetHdr: true, VnetHdrSize: 12}, queues)
+	tapsetup.CloseQueues(queues)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	launched := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	launched.Env = append(os.Environ(), launchSleepEnv+"="+p.seccomp)
+	if err := launched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, first.cmd.Process.Pid) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first napitapd never got the launched process's listener")
+		}
+	}
+
+	var polls, failures atomic.Int64
+	var firstFailure atomic.Value
+	stopPolling := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stopPolling:
+				return
+			default:
+			}
+			if _, err := client.List(); err != nil {
+				failures.Add(1)
+				firstFailure.CompareAndSwap(nil, err.Error())
+			}
+			polls.Add(1)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	start := time.Now()
+	second := startNapitapdProc(t, p)
+	select {
+	case <-first.done:
+		if first.err != nil {
+			t.Fatalf("the first napitapd exited with %v, want 0\n%s", first.err, first.log)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the first napitapd did not exit after the takeover\nfirst:\n%s\nsecond:\n%s", first.log, second.log)
+	}
+	exited := time.Since(start)
+	time.Sleep(100 * time.Millisecond)
+	close(stopPolling)
+	<-polled
+	took := regexp.MustCompile(`tookOver=true took=(\S+)`).FindStringSubmatch(second.log.String())
+	if took == nil {
+		t.Fatalf("the second napitapd's log does not say it took over:\n%s", second.log)
+	}
+	t.Logf("takeover: %s from request to serving; the first exited %v after the second started; %d polls through it", took[1], exited.Round(time.Millisecond), polls.Load())
+	if n := failures.Load(); n > 0 {
+		t.Errorf("%d of %d polls of the socket failed, the first: %v", n, polls.Load(), firstFailure.Load())
+	}
+	if n := seccompListeners(t, second.cmd.Process.Pid); n != 1 {
+		t.Errorf("the second napitapd holds %d seccomp listeners, want the launched process's", n)
+	}
+	for _, path := range []string{p.socket, p.seccomp} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("after the takeover: %v", err)
+		}
+	}
+
+	atts, err := client.List()
+	if err != nil || len(atts) != 1 || atts[0].Held != 2 {
+		t.Fatalf("List from the second napitapd: %+v, %v; want %s holding 2 queues", atts, err, key)
+	}
+	_, fetched, err := client.Fetch(&key)
+	if err != nil {
+		t.Fatalf("Fetch from the second napitapd: %v", err)
+	}
+	defer tapsetup.CloseQueues(fetched)
+	res, err := napiprobe.RunQueue(fetched[0], 16, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Merged() {
+		t.Errorf("a held queue fetched after the takeover: %s", res)
+	} else {
+		t.Logf("a held queue fetched after the takeover: %s", res)
+	}
+
+	// SIGTERM still stops the second napitapd in order.
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-second.done
+	if second.err != nil {
+		t.Errorf("the second napitapd after SIGTERM: %v", second.err)
+	}
+}
