@@ -171,6 +171,12 @@ func TestMessages(t *testing.T) {
 			[]string{"usage:", "napitapctl probe"}, nil},
 		{"seccomp-profile --help prints the usage", []string{"seccomp-profile", "--help"}, 0,
 			[]string{"usage:", "seccomp-profile"}, nil},
+		{"install-plugin --help prints the usage", []string{"install-plugin", "--help"}, 0,
+			[]string{"usage:", "napitapctl install-plugin"}, nil},
+		{"install-plugin without --dir says it is needed", []string{"install-plugin", "--from", missing}, 2,
+			[]string{"--dir names the CNI bin dir"}, nil},
+		{"install-plugin from a missing binary names it", []string{"install-plugin", "--from", missing, "--dir", dir}, 1,
+			[]string{"install " + filepath.Join(dir, "none.sock"), "no such file"}, nil},
 		{"list with an argument is a usage error", []string{"--socket", missing, "list", "extra"}, 2,
 			[]string{`list takes no arguments, got ["extra"]`}, []string{"unreachable"}},
 		{"an unknown flag of list is a usage error", []string{"--socket", missing, "list", "--bogus"}, 2,
@@ -255,5 +261,23 @@ func check(t *testing.T, code int, out string, wantCode int, want, notWant []str
 		if strings.Contains(out, w) {
 			t.Errorf("output has %q:\n%s", w, out)
 		}
+	}
+}
+
+// install-plugin installs the binary under its own name and says what it
+// replaced.
+func TestInstallPlugin(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "napitap")
+	if err := os.WriteFile(src, []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "napitap"), []byte("old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code, out := napitapctl(t, "install-plugin", "--from="+src, "--dir="+dir)
+	check(t, code, out, 0, []string{"installed " + filepath.Join(dir, "napitap") + " (3 bytes, sha256 ", ", replacing one with sha256 "}, nil)
+	if b, err := os.ReadFile(filepath.Join(dir, "napitap")); err != nil || string(b) != "new" {
+		t.Errorf("the CNI bin dir's napitap holds %q, %v", b, err)
 	}
 }

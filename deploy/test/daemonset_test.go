@@ -243,128 +243,128 @@ func TestNapitapdPaths(t *testing.T) {
 	}
 }
 
-// The paths the manifests expect are the ones deploy/Dockerfile makes.
+// The paths the manifests expect are the ones deploy/Dockerfile makes, and
+// every command and probe execs one of its binaries: the image is FROM
+// scratch, with no shell to run anything else.
 func TestImageLayout(t *testing.T) {
 	ds, _ := daemonSet(t, "deploy")
 	spec := ds.Spec.Template.Spec
-	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "Dockerfile"))
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	dockerfile := string(b)
 	install := container(t, spec.InitContainers, "install-cni")
-	napitapd := container(t, spec.Containers, "napitapd")
-	for _, p := range []string{envValue(install, "NAPITAP_BINARY"), napitapd.Command[0], napitapd.LivenessProbe.Exec.Command[0]} {
-		if !copiedTo(string(dockerfile), p) {
-			t.Errorf("%s: deploy/Dockerfile puts no binary there", p)
+	from, _ := flagValue(install.Command, "from")
+	paths := map[string]string{"install-cni --from": from}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		if len(c.Command) == 0 {
+			t.Errorf("%s: no command: the image's entrypoint would run", c.Name)
+			continue
+		}
+		paths[c.Name] = c.Command[0]
+		for kind, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+			if p != nil && p.Exec != nil {
+				paths[c.Name+" "+kind+" probe"] = p.Exec.Command[0]
+			}
 		}
 	}
+	for what, p := range paths {
+		if !copiedTo(dockerfile, p) {
+			t.Errorf("%s runs %s: deploy/Dockerfile puts no binary there", what, p)
+		}
+	}
+	if f := finalStage(dockerfile); len(f) == 0 || f[0] != "FROM scratch" {
+		t.Errorf("deploy/Dockerfile's final stage starts %q, want FROM scratch", f)
+	}
 	for _, pkg := range []string{"./plugins/napitap", "./cmd/napitapd", "./cmd/napitapctl"} {
-		if !bytes.Contains(dockerfile, []byte(pkg)) {
+		if !strings.Contains(dockerfile, pkg) {
 			t.Errorf("deploy/Dockerfile does not build %s", pkg)
 		}
 	}
-	if !bytes.Contains(dockerfile, []byte("CGO_ENABLED=0")) || !bytes.Contains(dockerfile, []byte("-trimpath")) {
+	if !strings.Contains(dockerfile, "CGO_ENABLED=0") || !strings.Contains(dockerfile, "-trimpath") {
 		t.Error("deploy/Dockerfile: static (CGO_ENABLED=0), -trimpath builds expected")
 	}
 }
 
-// copiedTo: a "COPY --from=build /out/FILE ... DEST" line puts FILE at p.
+// finalStage is the Dockerfile's last stage, from its FROM on, a line per
+// instruction.
+func finalStage(dockerfile string) []string {
+	var stage []string
+	for _, l := range strings.Split(dockerfile, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "FROM ") {
+			stage = nil
+		}
+		if l != "" && !strings.HasPrefix(l, "#") {
+			stage = append(stage, l)
+		}
+	}
+	return stage
+}
+
+// copiedTo: a "COPY --from=bin /FILE ... DEST" line of the final stage puts
+// FILE at p (the stage "bin" holds the binaries at its root).
 func copiedTo(dockerfile, p string) bool {
 	dir, file := path.Split(p)
-	for _, l := range strings.Split(dockerfile, "\n") {
+	for _, l := range finalStage(dockerfile) {
 		f := strings.Fields(l)
-		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=build" {
+		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=bin" {
 			continue
 		}
 		dst := f[len(f)-1]
-		if slices.Contains(f[2:len(f)-1], "/out/"+file) && (dst == p || dst == dir) {
+		if slices.Contains(f[2:len(f)-1], "/"+file) && (dst == p || dst == dir) {
 			return true
 		}
 	}
 	return false
 }
 
-func envValue(c *corev1.Container, name string) string {
-	for _, e := range c.Env {
-		if e.Name == name {
-			return e.Value
-		}
-	}
-	return ""
-}
-
-// installScript is the init container's script, with the environment it
-// runs in.
-func installScript(t *testing.T) (script string, env map[string]string, mount string) {
+// installCommand is the install-cni init container's command and where the
+// host's CNI bin dir is mounted for it.
+func installCommand(t *testing.T) (argv []string, mount string) {
 	t.Helper()
 	ds, _ := daemonSet(t, "deploy")
 	c := container(t, ds.Spec.Template.Spec.InitContainers, "install-cni")
-	if len(c.Command) != 3 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" || len(c.Args) != 0 {
-		t.Fatalf("install-cni runs %q %q, want /bin/sh -c SCRIPT", c.Command, c.Args)
-	}
-	env = map[string]string{}
-	for _, e := range c.Env {
-		env[e.Name] = e.Value
-	}
 	for _, m := range c.VolumeMounts {
 		if m.Name == "cni-bin" {
 			mount = m.MountPath
 		}
 	}
-	return c.Command[2], env, mount
+	return slices.Concat(c.Command, c.Args), mount
 }
 
-func TestInstallScriptShape(t *testing.T) {
-	script, env, mount := installScript(t)
-	if env["CNI_BIN_DIR"] == "" || env["CNI_BIN_DIR"] != mount {
-		t.Errorf("CNI_BIN_DIR %q, the cni-bin volume is mounted at %q", env["CNI_BIN_DIR"], mount)
+func TestInstallCommandShape(t *testing.T) {
+	argv, mount := installCommand(t)
+	if len(argv) < 2 || path.Base(argv[0]) != "napitapctl" || argv[1] != "install-plugin" {
+		t.Fatalf("install-cni runs %q, want napitapctl install-plugin", argv)
 	}
-	// A temporary name in the same directory, then a rename onto the
-	// final name: never cp straight onto the plugin.
-	for _, want := range []string{`mktemp "$CNI_BIN_DIR/.napitap.`, `cp "$NAPITAP_BINARY" "$tmp"`, `mv -f "$tmp" "$CNI_BIN_DIR/napitap"`, "set -eu"} {
-		if !strings.Contains(script, want) {
-			t.Errorf("install script lacks %q:\n%s", want, script)
-		}
+	if dir, _ := flagValue(argv, "dir"); dir == "" || dir != mount {
+		t.Errorf("install-cni installs into --dir=%q, the cni-bin volume is mounted at %q", dir, mount)
 	}
-	if regexp.MustCompile(`cp [^\n]*"\$CNI_BIN_DIR/napitap"`).MatchString(script) {
-		t.Errorf("install script copies onto the plugin itself:\n%s", script)
-	}
-	// Kubernetes expands $(VAR) and turns $$ into $ in commands.
-	if strings.Contains(script, "$$") || strings.Contains(script, "$(") {
-		t.Errorf("install script uses $$ or $(...), which Kubernetes rewrites:\n%s", script)
+	// The CNI plugin's name is what the install names it after.
+	if from, _ := flagValue(argv, "from"); path.Base(from) != "napitap" {
+		t.Errorf("install-cni installs --from=%q, whose name is not napitap", from)
 	}
 }
 
-// Run the init container's script for real, onto a plugin that is
-// running: with the host's sh and, where there is one, with busybox alone,
-// as in the image.
-func TestInstallScriptIsAtomic(t *testing.T) {
-	script, _, _ := installScript(t)
-	t.Run("sh", func(t *testing.T) {
-		testInstall(t, script, []string{"/bin/sh", "-c"}, os.Getenv("PATH"))
-	})
-	t.Run("busybox", func(t *testing.T) {
-		bb, err := exec.LookPath("busybox")
-		if err != nil {
-			t.Skip("no busybox here")
-		}
-		// Only busybox's applets on PATH, as in the image.
-		applets := t.TempDir()
-		for _, a := range []string{"sh", "mktemp", "cp", "chmod", "mv", "rm", "echo"} {
-			if err := os.Symlink(bb, filepath.Join(applets, a)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		testInstall(t, script, []string{filepath.Join(applets, "sh"), "-c"}, applets)
-	})
-}
-
-func testInstall(t *testing.T, script string, shell []string, pathEnv string) {
+// Run the init container's command for real, with napitapctl built from
+// this tree, onto a plugin that is running: only the paths change, to a
+// temporary source and CNI bin dir.
+func TestInstallCommandIsAtomic(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Skip("no sleep binary to stand in for a running plugin")
 	}
+	argv, _ := installCommand(t)
 	tmp := t.TempDir()
+	napitapctl := filepath.Join(tmp, "napitapctl")
+	build := exec.Command(goTool(), "build", "-o", napitapctl, "./cmd/napitapctl")
+	build.Dir = repoRoot
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build napitapctl: %v\n%s", err, out)
+	}
 	binDir := filepath.Join(tmp, "cni-bin")
 	src := filepath.Join(tmp, "image", "napitap")
 	for _, d := range []string{binDir, filepath.Dir(src)} {
@@ -392,27 +392,26 @@ func testInstall(t *testing.T, script string, shell []string, pathEnv string) {
 	t.Cleanup(func() { _ = running.Process.Kill(); _ = running.Wait() })
 	time.Sleep(50 * time.Millisecond)
 
-	// What the rename avoids: on kernels that refuse to write a running
-	// executable, a plain cp onto it fails.
-	if out, err := exec.Command("cp", src, target).CombinedOutput(); err != nil {
-		t.Logf("cp onto the running plugin: %v: %s", err, bytes.TrimSpace(out))
-	} else {
-		t.Log("this kernel lets cp write into a running executable; the rename is still what keeps an exec from seeing half a file")
-		if err := os.WriteFile(target, old, 0o755); err != nil {
-			t.Fatal(err)
+	run := func(from string) ([]byte, error) {
+		args := slices.Clone(argv[1:])
+		for i, a := range args {
+			switch {
+			case strings.HasPrefix(a, "--from="):
+				args[i] = "--from=" + from
+			case strings.HasPrefix(a, "--dir="):
+				args[i] = "--dir=" + binDir
+			}
 		}
+		return exec.Command(napitapctl, args...).CombinedOutput()
 	}
-
-	run := func(env ...string) ([]byte, error) {
-		cmd := exec.Command(shell[0], append(shell[1:], script)...)
-		cmd.Env = append([]string{"PATH=" + pathEnv}, env...)
-		return cmd.CombinedOutput()
-	}
-	out, err := run("CNI_BIN_DIR="+binDir, "NAPITAP_BINARY="+src)
+	out, err := run(src)
 	if err != nil {
 		t.Fatalf("install: %v\n%s", err, out)
 	}
 	t.Logf("install: %s", bytes.TrimSpace(out))
+	if !bytes.Contains(out, []byte("installed "+target)) {
+		t.Errorf("install does not say it installed %s: %s", target, out)
+	}
 	got, _ := os.ReadFile(target)
 	if !bytes.Equal(got, newPlugin) {
 		t.Errorf("after install, napitap holds %q", got)
@@ -425,8 +424,8 @@ func testInstall(t *testing.T, script string, shell []string, pathEnv string) {
 		t.Errorf("the installed plugin runs: %q, %v", out, err)
 	}
 
-	// A failed copy leaves the installed plugin and no temporary file.
-	out, err = run("CNI_BIN_DIR="+binDir, "NAPITAP_BINARY="+filepath.Join(tmp, "missing"))
+	// A failed install leaves the installed plugin and no temporary file.
+	out, err = run(filepath.Join(tmp, "missing"))
 	if err == nil {
 		t.Errorf("install from a missing binary succeeded:\n%s", out)
 	}
@@ -435,6 +434,14 @@ func testInstall(t *testing.T, script string, shell []string, pathEnv string) {
 		t.Errorf("a failed install changed the plugin")
 	}
 	assertOnly(t, binDir, "napitap")
+}
+
+// goTool is the go command: on PATH, or where Go's tarball puts it.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
 }
 
 func assertOnly(t *testing.T, dir string, names ...string) {

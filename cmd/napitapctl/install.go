@@ -1,0 +1,29 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/napitap/napitap/pkg/install"
+)
+
+// installPlugin installs the plugin binary into a CNI bin dir without a
+// shell (the image has none): the DaemonSet's install-cni init container.
+func installPlugin(args []string) error {
+	fs := subFlags("install-plugin")
+	from := fs.String("from", "/opt/napitap/bin/napitap", "the plugin binary to install")
+	dir := fs.String("dir", "", "the CNI bin dir to install it into, as its base name")
+	fs.Parse(args)
+	if fs.NArg() != 0 {
+		usageError("install-plugin takes no arguments, got %q", fs.Args())
+	}
+	if *dir == "" {
+		usageError("install-plugin: --dir names the CNI bin dir to install into")
+	}
+	res, err := install.Executable(*from, *dir, filepath.Base(*from))
+	if err != nil {
+		return err
+	}
+	fmt.Println(res)
+	return nil
+}
