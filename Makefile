@@ -34,18 +34,21 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
 
 all: build
 
 # The programs each target calls, checked first; their Debian packages are
 # installed only if missing (and only where apt-get exists). deps-demo: ip
-# and tc. deps-test: QEMU, busybox-static, containerd, runc, crun, libvirt, ...
+# and tc. deps-test: QEMU, busybox-static, containerd, runc, crun, libvirt,
+# an image builder, ... deps-image: an image builder.
 deps: deps-test
 deps-demo:
 	./hack/deps.sh demo
 deps-test:
 	./hack/deps.sh test
+deps-image:
+	./hack/deps.sh image
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitapctl
@@ -66,7 +69,8 @@ test: deps-test build tools
 	$(MAKE) deploy-test
 
 # Every manifest under deploy/, rendered with kustomize and strictly decoded
-# (a nested module, so the Kubernetes libraries stay out of the plugin's).
+# (a nested module, so the Kubernetes libraries stay out of the plugin's),
+# and, as root, `make image`'s archive imported into a containerd of its own.
 # deploy/test/kubevirt decodes the KubeVirt ones into kubevirt.io/api's types
 # twice: at the newest release (go.mod) and the oldest the KubeVirt README
 # claims (oldest.mod); deploy/test/containerd decodes the Kata containerd
@@ -92,8 +96,19 @@ e2e-node: deps-test build tools
 e2e-kind:
 	./test/e2e/kind/run.sh
 
-image:
-	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+# deploy/Dockerfile, built by the first builder that works here: docker with
+# an engine behind it, podman, buildah (hack/deps.sh image installs buildah
+# where none does). From the binaries `make build` made, through the build
+# context "bin": no registry needed, and the image runs what the tests ran.
+# IMAGE_FROM=source compiles them in the Dockerfile's Go image instead
+# (pulled); IMAGE_ARCHIVE=PATH also writes an OCI archive for `ctr images
+# import`; IMAGE_BUILDER=docker|podman|buildah picks the builder.
+IMAGE_FROM    ?= bin
+IMAGE_ARCHIVE ?=
+IMAGE_BUILDER ?=
+image: deps-image $(if $(filter bin,$(IMAGE_FROM)),build)
+	IMAGE='$(IMAGE)' IMAGE_FROM='$(IMAGE_FROM)' IMAGE_ARCHIVE='$(IMAGE_ARCHIVE)' \
+		IMAGE_BUILDER='$(IMAGE_BUILDER)' BIN='$(BIN)' VERSION='$(VERSION)' ./hack/image.sh build
 
 print-image:
 	@echo $(IMAGE)

@@ -11,7 +11,11 @@
 #                       e2e), crun (the CRI e2e's second OCI runtime, CRI-O's
 #                       and OpenShift's), libvirtd with its QEMU driver, virsh and
 #                       xmllint (the libvirt e2e runs a libvirtd of its own;
-#                       no service is set up on the node)
+#                       no service is set up on the node), and an image
+#                       builder (deploy/test builds the image)
+#   hack/deps.sh image  an image builder for make image: docker with an engine
+#                       behind it, podman or buildah; where none works, Debian's
+#                       buildah (a docker client alone is no builder)
 #
 # Elsewhere (no apt-get) it names what is missing and the Debian package
 # that has it, and exits 1: install the equivalent and run make again.
@@ -31,12 +35,22 @@ need_pkg() { # need_pkg PACKAGE WHAT (no program to look for)
 	missing+=("$1")
 }
 
-need_cmd ip iproute2
-need_cmd tc iproute2
+# need_builder: make image's, unless one already works (image.sh asks it).
+need_builder() {
+	"$(dirname "$0")/image.sh" builder >/dev/null 2>&1 || need_cmd buildah buildah
+}
+
 need_lists=0
 case $target in
-demo) ;;
+demo)
+	need_cmd ip iproute2
+	need_cmd tc iproute2
+	;;
+image) need_builder ;;
 test)
+	need_cmd ip iproute2
+	need_cmd tc iproute2
+	need_builder
 	need_cmd qemu-system-x86_64 qemu-system-x86
 	need_pkg busybox-static "a static /bin/busybox"
 	need_cmd dpkg-deb dpkg
@@ -53,7 +67,7 @@ test)
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
-	echo "usage: $0 demo|test" >&2
+	echo "usage: $0 demo|test|image" >&2
 	exit 2
 	;;
 esac

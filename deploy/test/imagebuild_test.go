@@ -1,0 +1,369 @@
+package deploytest
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cannot skips a test that cannot run here, or fails it under CI=true,
+// where every test must run.
+func cannot(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s, and CI=true forbids skipping", why)
+	}
+	t.Skip(why)
+}
+
+// imageFiles are the image's only files, each a static binary that `make
+// build` made, by where the image has them.
+var imageFiles = map[string]string{
+	"opt/napitap/bin/napitap":  "napitap",
+	"usr/local/bin/napitapd":   "napitapd",
+	"usr/local/bin/napitapctl": "napitapctl",
+}
+
+// `make image IMAGE_ARCHIVE=...` builds deploy/Dockerfile with no registry
+// from make build's binaries, with whichever builder this machine has, and
+// writes an archive that containerd imports: napitapd as the entrypoint,
+// the three static binaries where the DaemonSet runs them, and nothing else
+// (no shell).
+func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		cannot(t, "building and importing the image needs root")
+	}
+	builder, err := exec.Command(filepath.Join(repoRoot, "hack", "image.sh"), "builder").Output()
+	if err != nil {
+		cannot(t, "no image builder here (hack/deps.sh image installs buildah)")
+	}
+	for _, p := range []string{"containerd", "ctr", "make"} {
+		if _, err := exec.LookPath(p); err != nil {
+			cannot(t, p+" is not installed (hack/deps.sh test installs it)")
+		}
+	}
+	const ref = "napitap.test/napitap:image-test"
+	archive := filepath.Join(t.TempDir(), "napitap.tar")
+	start := time.Now()
+	out := makeVar(t, "image", "IMAGE="+ref, "IMAGE_ARCHIVE="+archive)
+	t.Logf("make image (%s) in %v:\n%s", strings.TrimSpace(string(builder)), time.Since(start).Round(time.Millisecond), lastLines(out, 3))
+	t.Cleanup(func() {
+		b := strings.TrimSpace(string(builder))
+		if out, err := exec.Command(b, "rmi", ref).CombinedOutput(); err != nil {
+			t.Logf("%s rmi %s: %v: %s", b, ref, err, out)
+		}
+	})
+
+	img := readOCIArchive(t, archive)
+	cfg := img.config.Config
+	if !slices.Equal(cfg.Entrypoint, []string{"/usr/local/bin/napitapd"}) || len(cfg.Cmd) != 0 || cfg.User != "0:0" {
+		t.Errorf("config: entrypoint %q, cmd %q, user %q; want napitapd, no cmd, 0:0", cfg.Entrypoint, cfg.Cmd, cfg.User)
+	}
+	if img.config.OS != "linux" || img.config.Architecture != runtime.GOARCH {
+		t.Errorf("platform %s/%s, make build built linux/%s", img.config.OS, img.config.Architecture, runtime.GOARCH)
+	}
+	var files []string
+	for name, f := range img.files {
+		switch {
+		case f.typ == tar.TypeDir:
+		case f.typ != tar.TypeReg:
+			t.Errorf("/%s: tar type %q: the image should hold only directories and the three binaries", name, f.typ)
+		default:
+			files = append(files, name)
+		}
+	}
+	slices.Sort(files)
+	want := slices.Sorted(maps.Keys(imageFiles))
+	if !slices.Equal(files, want) {
+		t.Errorf("the image's files are %q, want only %q: no shell, nothing else", files, want)
+	}
+	for p, bin := range imageFiles {
+		f, ok := img.files[p]
+		if !ok {
+			continue
+		}
+		if f.mode&0o111 != 0o111 {
+			t.Errorf("/%s: mode %o, not executable", p, f.mode)
+		}
+		local, err := os.ReadFile(filepath.Join(repoRoot, "bin", bin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(local) != sha256.Sum256(f.data) {
+			t.Errorf("/%s is not bin/%s, which make image built it from", p, bin)
+		}
+		if interp := elfInterpreter(t, p, f.data); interp != "" {
+			t.Errorf("/%s is dynamically linked (%s), which an empty image cannot run", p, interp)
+		}
+	}
+	t.Logf("image %s: %d bytes of files, archive %d bytes", ref, img.size, fileSize(t, archive))
+
+	// The node's side: ctr images import, as deploy/README.md says.
+	ctd := startContainerd(t)
+	start = time.Now()
+	const ns = "napitap-image-test"
+	if out, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "import", archive).CombinedOutput(); err != nil {
+		t.Fatalf("ctr images import: %v\n%s", err, out)
+	} else {
+		t.Logf("ctr images import in %v: %s", time.Since(start).Round(time.Millisecond), bytes.TrimSpace(out))
+	}
+	ls, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "ls").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr images ls: %v\n%s", err, ls)
+	}
+	if !slices.ContainsFunc(strings.Split(string(ls), "\n"), func(l string) bool { return strings.HasPrefix(l, ref+" ") }) {
+		t.Errorf("containerd does not list %s after the import:\n%s", ref, ls)
+	}
+	t.Logf("containerd's view:\n%s", bytes.TrimSpace(ls))
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+func fileSize(t *testing.T, p string) int64 {
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// ociImage is the one image of an OCI archive: its config and its files,
+// the layers applied in order.
+type ociImage struct {
+	config struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+		Config       struct {
+			Entrypoint []string
+			Cmd        []string
+			User       string
+		} `json:"config"`
+	}
+	files map[string]imageFile
+	size  int64
+}
+
+type imageFile struct {
+	typ  byte
+	mode int64
+	data []byte
+}
+
+type descriptor struct {
+	MediaType string `json:"mediaType"`
+	Digest    string `json:"digest"`
+}
+
+func readOCIArchive(t *testing.T, archive string) *ociImage {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	blobs := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", archive, err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if blobs[path.Clean(h.Name)], err = io.ReadAll(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	blob := func(d descriptor) []byte {
+		t.Helper()
+		b, ok := blobs[path.Join("blobs", strings.Replace(d.Digest, ":", "/", 1))]
+		if !ok {
+			t.Fatalf("%s: no blob %s", archive, d.Digest)
+		}
+		if sum := sha256.Sum256(b); "sha256:"+hex.EncodeToString(sum[:]) != d.Digest {
+			t.Fatalf("%s: blob %s does not match its digest", archive, d.Digest)
+		}
+		return b
+	}
+	var index struct{ Manifests []descriptor }
+	if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 {
+		t.Fatalf("%s: index.json: %v, %d manifests, want an OCI archive of one image", archive, err, len(index.Manifests))
+	}
+	var manifest struct {
+		Config descriptor
+		Layers []descriptor
+	}
+	if err := json.Unmarshal(blob(index.Manifests[0]), &manifest); err != nil {
+		t.Fatalf("%s: manifest: %v", archive, err)
+	}
+	img := &ociImage{files: map[string]imageFile{}}
+	if err := json.Unmarshal(blob(manifest.Config), &img.config); err != nil {
+		t.Fatalf("%s: config: %v", archive, err)
+	}
+	for _, l := range manifest.Layers {
+		var r io.Reader = bytes.NewReader(blob(l))
+		if strings.HasSuffix(l.MediaType, "gzip") {
+			if r, err = gzip.NewReader(r); err != nil {
+				t.Fatalf("layer %s: %v", l.Digest, err)
+			}
+		}
+		lr := tar.NewReader(r)
+		for {
+			h, err := lr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("layer %s: %v", l.Digest, err)
+			}
+			name := strings.TrimPrefix(path.Clean("/"+h.Name), "/")
+			if strings.HasPrefix(path.Base(name), ".wh.") {
+				t.Errorf("layer %s: whiteout %s in an image built on nothing", l.Digest, name)
+				continue
+			}
+			data, err := io.ReadAll(lr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			img.files[name] = imageFile{typ: h.Typeflag, mode: h.Mode, data: data}
+			img.size += h.Size
+		}
+	}
+	return img
+}
+
+// elfInterpreter is the program interpreter an ELF binary asks for, empty
+// for a static one.
+func elfInterpreter(t *testing.T, name string, b []byte) string {
+	t.Helper()
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		t.Errorf("/%s: not an ELF binary: %v", name, err)
+		return ""
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			interp, _ := io.ReadAll(p.Open())
+			return strings.TrimRight(string(interp), "\x00")
+		}
+	}
+	return ""
+}
+
+// startContainerd runs a containerd of the test's own, everything under a
+// temp dir (no CRI, no tasks), and returns its socket. It is stopped by its
+// PID when the test ends.
+func startContainerd(t *testing.T) string {
+	t.Helper()
+	// Short: it holds unix sockets.
+	dir, err := os.MkdirTemp("", "napitap-ctd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "containerd.sock")
+	conf := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.tracing",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"))
+	cfgFile := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgFile, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(dir, "containerd.log")
+	logF, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("containerd", "--config", cfgFile)
+	cmd.Stdout, cmd.Stderr = logF, logF
+	// SIGTERM should the test binary die without its cleanups (a go test
+	// timeout). The signal follows the thread that forked, so that thread
+	// stays locked until containerd has exited.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	started, exited := make(chan error), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+		}
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			t.Errorf("containerd (pid %d) ignored SIGTERM for 10s: killing it", cmd.Process.Pid)
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		logF.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("containerd log:\n%s", lastLines(string(b), 40))
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove %s: %v", dir, err)
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := exec.Command("ctr", "-a", sock, "version").Run()
+		if err == nil {
+			return sock
+		}
+		select {
+		case <-exited:
+			t.Fatal("containerd exited; its log follows")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd did not answer on %s in 20s: %v", sock, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
