@@ -99,7 +99,9 @@ func takeOver(t *testing.T, d *crihelp.Napitapd) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(binDir, "napitapd"), "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
+	// In the first one's netns, the node's, as the next pod of the DaemonSet.
+	cmd := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", d.Pid), "--",
+		filepath.Join(binDir, "napitapd"), "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
 	cmd.Stdout, cmd.Stderr = log, log
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
