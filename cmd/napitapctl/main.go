@@ -66,6 +66,10 @@ func printUsage() {
       DIR, synced, then renamed over the old one, so that a runtime exec'ing
       the plugin meanwhile runs the old or the new one. A symlink there is
       refused. Says what it replaced.
+  napitapctl wait
+      Do nothing until SIGTERM or SIGINT, then exit 0: the container of a
+      pod that keeps its network while a VMM is started in it by hand
+      (kubectl exec POD -- napitapctl exec -- qemu-system-x86_64 ...).
 `)
 }
 
@@ -106,6 +110,8 @@ func main() {
 		err = seccompProfile(flag.Args()[1:])
 	case "install-plugin":
 		err = installPlugin(flag.Args()[1:])
+	case "wait":
+		err = wait(flag.Args()[1:])
 	default:
 		usage()
 	}
@@ -274,5 +280,19 @@ func probe(args []string) error {
 	if !res.Merged() {
 		return fmt.Errorf("probe: no merged skb on fd %d (%v)", fd, res.SKBLens)
 	}
+	return nil
+}
+
+// wait blocks until the container runtime stops the container. napitap's
+// image has no shell and no sleep (FROM scratch).
+func wait(args []string) error {
+	fs := subFlags("wait")
+	_ = fs.Parse(args)
+	if fs.NArg() > 0 {
+		usageError("wait takes no arguments, got %q", fs.Args())
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
 	return nil
 }

@@ -281,3 +281,34 @@ func TestInstallPlugin(t *testing.T) {
 		t.Errorf("the CNI bin dir's napitap holds %q, %v", b, err)
 	}
 }
+
+func TestWaitEndsWithTheContainersStopSignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String()+" ends it with status 0", func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "wait")
+			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				t.Fatalf("wait returned before any signal: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("after %v: %v, want status 0", sig, err)
+				}
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("still waiting 10 s after %v", sig)
+			}
+		})
+	}
+}

@@ -288,7 +288,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	// The shipped examples, as a user applies them: no test copies.
 	examples := filepath.Join(repo, "deploy", "examples")
 	example := c.examplePod(examples)
-	c.importSleepImage(example.image)
+	c.importWaitImage(example.image)
 	c.kubectlMust("apply", "-n", podNamespace, "-k", examples)
 	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"),
 		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"))
@@ -430,23 +430,22 @@ func (c *cluster) examplePod(dir string) exampleObject {
 	return pods[0]
 }
 
-// importSleepImage gives the node an image of ref whose only program is a
-// static sleep (busybox): what the example pod runs of napitap's image,
-// which this node cannot pull.
-func (c *cluster) importSleepImage(ref string) {
+// importWaitImage gives the node an image of ref whose only program is
+// napitapctl at the path napitap's image has it: what the example pod runs
+// of napitap's image (napitapctl wait), which this node cannot pull.
+func (c *cluster) importWaitImage(ref string) {
 	t := c.t
 	t.Helper()
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Fatalf("busybox (busybox-static) for the example pod's sleep: %v", err)
-	}
-	bin, err := os.ReadFile(busybox)
+	bin, err := os.ReadFile(filepath.Join(binDir, "napitapctl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	archive := filepath.Join(c.root, "sleep-image.tar")
-	entries := []crihelp.ImageEntry{{Name: "bin", Dir: true, Mode: 0o755}, {Name: "bin/sleep", Data: bin, Mode: 0o755}}
-	if err := crihelp.WriteImageArchive(archive, ref, []string{"/bin/sleep"}, entries); err != nil {
+	archive := filepath.Join(c.root, "wait-image.tar")
+	entries := []crihelp.ImageEntry{
+		{Name: "usr", Dir: true, Mode: 0o755}, {Name: "usr/local", Dir: true, Mode: 0o755}, {Name: "usr/local/bin", Dir: true, Mode: 0o755},
+		{Name: "usr/local/bin/napitapctl", Data: bin, Mode: 0o755},
+	}
+	if err := crihelp.WriteImageArchive(archive, ref, []string{"/usr/local/bin/napitapctl", "wait"}, entries); err != nil {
 		t.Fatal(err)
 	}
 	c.node.ImportImage(archive, ref)
