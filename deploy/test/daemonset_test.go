@@ -86,6 +86,10 @@ func TestDaemonSetPod(t *testing.T) {
 	if sc := spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Error("the pod must run with the runtime's default seccomp profile")
 	}
+	// container_t may not ptrace, mount or write host dirs (deploy/README.md).
+	if sc := spec.SecurityContext; sc == nil || sc.SELinuxOptions == nil || *sc.SELinuxOptions != (corev1.SELinuxOptions{Type: "spc_t"}) {
+		t.Error("the pod must run as SELinux type spc_t, and state nothing else of its label")
+	}
 
 	// Only the host paths napitap needs, with their types.
 	volumes := map[string]string{}
@@ -171,6 +175,16 @@ func TestContainerSecurity(t *testing.T) {
 		install := container(t, spec.InitContainers, name)
 		if sc := install.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
 			t.Errorf("%s: adds %v, allowPrivilegeEscalation %v: writing a file into a root-owned dir needs neither", name, sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
+		}
+	}
+
+	// The runtime's default AppArmor profile refuses ptrace of runc and
+	// Kata's shim, and mounts; the init containers need neither.
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		p := c.SecurityContext.AppArmorProfile
+		want := c.Name == "napitapd"
+		if got := p != nil && p.Type == corev1.AppArmorProfileTypeUnconfined; got != want {
+			t.Errorf("%s: AppArmor profile %+v, unconfined %v", c.Name, p, want)
 		}
 	}
 
