@@ -33,13 +33,13 @@ var faultConfigs = []struct {
 }{
 	{"a standalone 2-queue tap with host-local and a required hand-off", "net1",
 		tapConf{Queues: 2, Handoff: "required", IPAM: true}},
-	{"a standalone 1-queue tap for Kata (kataDan, no hand-off)", "net1",
-		tapConf{Queues: 1, Handoff: "off", KataDan: true}},
+	{"a 1-queue Kata DAN tap in the node netns after bridge (kataDan, no hand-off)", "net1",
+		tapConf{Queues: 1, Handoff: "off", Chained: true, KataDan: true}},
 	{"a 4-queue tap chained after bridge with tc-redirect and a required hand-off", "eth0",
 		tapConf{Queues: 4, Handoff: "required", Chained: true}},
 	{"a 2-queue tap chained after bridge with bridge wiring and an optional hand-off", "net1",
 		tapConf{Queues: 2, Handoff: "optional", Chained: true, Wiring: "bridge"}},
-	{"a 2-queue tap for Kata chained after bridge with tc-redirect (kataDan, no hand-off)", "eth0",
+	{"a 2-queue Kata DAN tap in the node netns after bridge (kataDan, no hand-off)", "eth0",
 		tapConf{Queues: 2, Handoff: "off", Chained: true, KataDan: true}},
 }
 
@@ -73,8 +73,17 @@ func (fp footprint) String() string {
 func (f *fixture) footprint(p *podNS, want nodecheck.Expect) footprint {
 	f.t.Helper()
 	var fp footprint
-	if p != nil && p.Exists() {
-		_ = inNetns(p.Path, func() error {
+	// A Kata DAN tap is in the node's netns, whether the pod's is there
+	// or not.
+	tapNetns, there := "", p != nil && p.Exists()
+	if there {
+		tapNetns = p.Path
+	}
+	if want.Wiring == "node-bridge" {
+		tapNetns, there = want.NodeNetns, true
+	}
+	if there {
+		_ = inNetns(tapNetns, func() error {
 			l, err := netlinksafe.LinkByName(want.TapName)
 			if err == nil {
 				_, fp.tap = l.(*netlink.Tuntap)

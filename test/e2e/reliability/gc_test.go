@@ -28,8 +28,8 @@ type gcAttachment struct {
 
 // TestGCAfterRuntimeCrash: a runtime added 20 attachments (5 pod netns,
 // each with a tc-redirect and a bridge-wired tap handed off to napitapd and
-// a tc-redirect and a bridge-wired tap for Kata, kataDan on and so the
-// hand-off off, four networks in all) and crashed without DEL, losing its
+// two Kata DAN taps in the node netns, kataDan on and so the hand-off off,
+// four networks in all) and crashed without DEL, losing its
 // libcni cache. GC of every network, run by the restarted runtime (a libcni
 // with an empty cache, so that GC reaches the plugins instead of libcni
 // issuing DELs from its cache), must remove every napitap attachment not
@@ -60,9 +60,9 @@ func TestGCAfterRuntimeCrash(t *testing.T) {
 				{"gc-redirect", tapConf{Queues: 2, Handoff: "required", Chained: true}},
 				{"gc-bridge", tapConf{Queues: 1, Handoff: "required", Chained: true, Wiring: "bridge",
 					HostBr: "napigc-" + sfx, Subnet: "10.197.0.0/24"}},
-				{"gc-kata-redirect", tapConf{Queues: 2, Handoff: "off", KataDan: true, Chained: true,
+				{"gc-kata-2q", tapConf{Queues: 2, Handoff: "off", KataDan: true, Chained: true,
 					HostBr: "napigk-" + sfx, Subnet: "10.196.0.0/24"}},
-				{"gc-kata-bridge", tapConf{Queues: 1, Handoff: "off", KataDan: true, Chained: true, Wiring: "bridge",
+				{"gc-kata-1q", tapConf{Queues: 1, Handoff: "off", KataDan: true, Chained: true,
 					HostBr: "napigb-" + sfx, Subnet: "10.195.0.0/24"}},
 			}
 			lists := make([]*libcni.NetworkConfigList, len(nets))

@@ -32,6 +32,7 @@ import (
 
 	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
 )
@@ -307,6 +308,13 @@ func (f *fixture) expect(c tapConf, containerID, ifName string) nodecheck.Expect
 	want := nodecheck.Expect{ContainerID: containerID, IfName: ifName, TapName: tapName, Queues: c.Queues, NAPI: true, Wiring: wiring}
 	if wiring == "bridge" {
 		want.Bridge = "br-" + tapName
+	}
+	if c.KataDan {
+		// In the node's netns, a port of the bridge plugin's bridge.
+		want.Wiring, want.TapName, want.NodeNetns = config.WiringNodeBridge, config.NodeTapName(containerID, ifName), f.env.Host.Path()
+		if want.Bridge = c.HostBr; want.Bridge == "" {
+			want.Bridge = "napibr-" + f.env.Suffix
+		}
 	}
 	if c.Handoff != "off" {
 		want.Socket, want.Held = f.d.Socket, c.Queues
