@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func waitFile(t *testing.T, path string) {
+func waitFile(t testing.TB, path string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

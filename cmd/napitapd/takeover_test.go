@@ -68,7 +68,7 @@ type napitapd struct {
 // paths are one napitapd's --socket, --seccomp-socket and --state-dir.
 type paths struct{ socket, seccomp, state string }
 
-func startNapitapdProc(t *testing.T, p paths) *napitapd {
+func startNapitapdProc(t testing.TB, p paths) *napitapd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
@@ -93,7 +93,7 @@ func startNapitapdProc(t *testing.T, p paths) *napitapd {
 }
 
 // seccompListeners counts the seccomp listeners process pid holds.
-func seccompListeners(t *testing.T, pid int) int {
+func seccompListeners(t testing.TB, pid int) int {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
