@@ -28,6 +28,7 @@ type options struct {
 	sweep                           time.Duration
 	limits                          handoff.Limits
 	seccompSocket                   string
+	waitAfterTakeover               bool
 }
 
 func main() {
@@ -40,6 +41,7 @@ func main() {
 	flag.IntVar(&o.limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once; more are closed at once")
 	flag.IntVar(&o.limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one uid other than root may hold at once")
 	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
+	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -117,6 +119,15 @@ func run(logger *slog.Logger, o options) error {
 	case <-stop:
 		return d.stop()
 	case <-d.handed:
+		if o.waitAfterTakeover {
+			// A DaemonSet's old pod during a maxSurge rollout: exiting would
+			// restart this container, and the restarted napitapd would take
+			// everything back from the new pod's. The controller deletes
+			// this pod once the new one is ready; SIGTERM then finds
+			// nothing to stop.
+			logger.Info("handed everything over to the next napitapd; holding nothing, waiting for SIGTERM")
+			<-stop
+		}
 		return nil
 	case err := <-d.failed:
 		return err

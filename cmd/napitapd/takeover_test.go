@@ -68,9 +68,10 @@ type napitapd struct {
 // paths are one napitapd's --socket, --seccomp-socket and --state-dir.
 type paths struct{ socket, seccomp, state string }
 
-func startNapitapdProc(t testing.TB, p paths) *napitapd {
+func startNapitapdProc(t testing.TB, p paths, flags ...string) *napitapd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state)
+	args := append([]string{"-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state}, flags...)
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
 	d := &napitapd{cmd: cmd, log: &syncBuf{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.log, d.log
@@ -248,5 +249,75 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 	<-second.done
 	if second.err != nil {
 		t.Errorf("the second napitapd after SIGTERM: %v", second.err)
+	}
+}
+
+// TestWithWaitAfterTakeoverTheOldNapitapdHoldsNothingAndStopsOnSIGTERM:
+// the DaemonSet's old pod hands everything over and keeps running, so that
+// the kubelet does not restart its container (whose napitapd would take
+// everything back); its SIGTERM, when the controller deletes the pod,
+// leaves the new napitapd's sockets and listeners alone.
+func TestWithWaitAfterTakeoverTheOldNapitapdHoldsNothingAndStopsOnSIGTERM(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	p := paths{filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "seccomp.sock"), filepath.Join(dir, "state")}
+	old := startNapitapdProc(t, p, "--wait-after-takeover")
+	waitFile(t, p.socket)
+	waitFile(t, p.seccomp)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	launched := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	launched.Env = append(os.Environ(), launchSleepEnv+"="+p.seccomp)
+	if err := launched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, old.cmd.Process.Pid) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old napitapd never got the launched process's listener")
+		}
+	}
+
+	next := startNapitapdProc(t, p)
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(old.log.String(), "waiting for SIGTERM"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old napitapd never said it handed over\nold:\n%s\nnext:\n%s", old.log, next.log)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-old.done:
+		t.Fatalf("the old napitapd exited (%v) after the takeover; want it waiting for SIGTERM\n%s", old.err, old.log)
+	default:
+	}
+	if n := seccompListeners(t, old.cmd.Process.Pid); n != 0 {
+		t.Errorf("the old napitapd still holds %d seccomp listeners", n)
+	}
+	if n := seccompListeners(t, next.cmd.Process.Pid); n != 1 {
+		t.Errorf("the new napitapd holds %d seccomp listeners, want 1", n)
+	}
+
+	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-old.done:
+		if old.err != nil {
+			t.Errorf("the old napitapd after SIGTERM: %v, want exit 0", old.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old napitapd did not stop on SIGTERM")
+	}
+	for _, path := range []string{p.socket, p.seccomp} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("after the old napitapd stopped: %v", err)
+		}
+	}
+	if _, err := (&handoff.Client{Socket: p.socket}).List(); err != nil {
+		t.Errorf("the new napitapd after the old one stopped: %v", err)
+	}
+	if n := seccompListeners(t, next.cmd.Process.Pid); n != 1 {
+		t.Errorf("after the old napitapd stopped the new one holds %d seccomp listeners, want 1", n)
 	}
 }

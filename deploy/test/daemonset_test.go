@@ -79,9 +79,11 @@ func TestDaemonSetPod(t *testing.T) {
 	}) {
 		t.Errorf("tolerations %v do not tolerate every taint", spec.Tolerations)
 	}
-	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
-		s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.String() != "1" {
-		t.Errorf("update strategy %+v, want RollingUpdate with maxUnavailable 1", s)
+	// The new pod takes over from the old one before the old one goes.
+	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.RollingUpdateDaemonSetStrategyType || s.RollingUpdate == nil ||
+		s.RollingUpdate.MaxSurge == nil || s.RollingUpdate.MaxSurge.String() != "1" ||
+		s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.String() != "0" {
+		t.Errorf("update strategy %+v, want RollingUpdate with maxSurge 1 and maxUnavailable 0", s)
 	}
 	if sc := spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Error("the pod must run with the runtime's default seccomp profile")
@@ -230,6 +232,11 @@ func TestNapitapdPaths(t *testing.T) {
 	}
 	if mode, _ := flagValue(c.Args, "socket-mode"); mode != "0660" {
 		t.Errorf("--socket-mode %q", mode)
+	}
+	// An old pod's napitapd that exited after a takeover would be restarted
+	// and take everything back.
+	if wait, _ := flagValue(c.Args, "wait-after-takeover"); wait != "true" {
+		t.Errorf("--wait-after-takeover %q, want true", wait)
 	}
 	mounted := func(p string) bool {
 		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
