@@ -26,11 +26,11 @@ var napitapdCaps = []corev1.Capability{"NET_ADMIN", "SETGID", "SETUID", "SYS_ADM
 // hostPaths are the host directories and devices the pod may mount, with
 // their types.
 var hostPaths = map[string]corev1.HostPathType{
-	"/opt/cni/bin":   corev1.HostPathDirectory,
-	"/run/napitap":   corev1.HostPathDirectoryOrCreate,
-	"/run/netns":     corev1.HostPathDirectoryOrCreate,
-	"/var/run/netns": corev1.HostPathDirectoryOrCreate,
-	"/dev/net/tun":   corev1.HostPathCharDev,
+	"/opt/cni/bin": corev1.HostPathDirectory,
+	"/run/napitap": corev1.HostPathDirectoryOrCreate,
+	// Mounted at /run/netns and /var/run/netns: the same dir on the host.
+	"/run/netns":   corev1.HostPathDirectoryOrCreate,
+	"/dev/net/tun": corev1.HostPathCharDev,
 	// The Localhost seccomp profiles that route TUNSETIFF to napitapd.
 	"/var/lib/kubelet/seccomp": corev1.HostPathDirectoryOrCreate,
 }
