@@ -65,6 +65,17 @@ type Config struct {
 	// Conflist, if set, makes the conf dir's one conflist instead of
 	// bridge + napitap's (the real-node e2e's Multus).
 	Conflist func(*Node) string
+	// NapitapdDir, if set, is where another napitapd serves (the
+	// DaemonSet's, /run/napitap): the node starts none of its own, and its
+	// Socket and StateDir are that napitapd's.
+	NapitapdDir string
+	// NapitapPlugin, if set, is the napitap binary the CNI bin dir links to
+	// instead of BinDir's (the one the DaemonSet installs).
+	NapitapPlugin string
+	// NetNSUnderRun puts the pods' netns files in /var/run/netns, as a
+	// default containerd does, instead of under the state dir: where a
+	// napitapd in a container (the DaemonSet's hostPath) finds them.
+	NetNSUnderRun bool
 }
 
 // Node is one containerd (CRI plugin + runc) serving a node netns of the
@@ -80,10 +91,10 @@ type Node struct {
 	ConfDir  string // the CNI conf dir
 	BinLinks string // the CNI bin dir
 	Subnet   string
-	Cgroup   string // cgroup parent of the pods, "/<Name>-<suffix>"
-	Socket   string // napitapd's
-	StateDir string // napitapd's
-	Napitapd *Napitapd
+	Cgroup   string    // cgroup parent of the pods, "/<Name>-<suffix>"
+	Socket   string    // napitapd's
+	StateDir string    // napitapd's
+	Napitapd *Napitapd // nil with Config.NapitapdDir
 	proc     *exec.Cmd
 	exited   <-chan struct{}
 	log      string
@@ -230,7 +241,7 @@ disabled_plugins = [
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %[6]q
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = %[12]t
   disable_apparmor = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -309,15 +320,23 @@ func Start(t testing.TB, cfg Config) *Node {
 		}
 	}
 	for _, plugin := range []string{"napitap", "bridge", "host-local", "loopback"} {
-		if err := os.Symlink(filepath.Join(cfg.BinDir, plugin), filepath.Join(n.BinLinks, plugin)); err != nil {
+		target := filepath.Join(cfg.BinDir, plugin)
+		if plugin == "napitap" && cfg.NapitapPlugin != "" {
+			target = cfg.NapitapPlugin
+		}
+		if err := os.Symlink(target, filepath.Join(n.BinLinks, plugin)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// In the node netns, as the DaemonSet's hostNetwork runs it: a Kata DAN
-	// tap is there (DESIGN.md fact 18).
-	d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"), n.NetNS.Path())
-	n.Socket, n.StateDir = d.Socket, d.StateDir
-	n.Napitapd = d
+	if cfg.NapitapdDir != "" {
+		n.Socket, n.StateDir = filepath.Join(cfg.NapitapdDir, "napitapd.sock"), filepath.Join(cfg.NapitapdDir, "state")
+	} else {
+		// In the node netns, as the DaemonSet's hostNetwork runs it: a Kata
+		// DAN tap is there (DESIGN.md fact 18).
+		d := StartNapitapd(t, filepath.Join(cfg.BinDir, "napitapd"), filepath.Join(root, "napitapd"), n.NetNS.Path())
+		n.Socket, n.StateDir = d.Socket, d.StateDir
+		n.Napitapd = d
+	}
 	n.WriteConflist(cfg.Queues)
 
 	n.ociBinary = map[string]string{"runc": "runc", "crun": crunBinary(t, root)}
@@ -325,7 +344,7 @@ func Start(t testing.TB, cfg Config) *Node {
 	conf := fmt.Sprintf(containerdConfig,
 		filepath.Join(root, "root"), filepath.Join(root, "state"), n.Address, n.Address+".ttrpc",
 		filepath.Join(root, "opt"), PauseRef, filepath.Join(root, "runc"), n.BinLinks, n.ConfDir,
-		filepath.Join(root, "crun"), n.ociBinary["crun"])
+		filepath.Join(root, "crun"), n.ociBinary["crun"], !cfg.NetNSUnderRun)
 	if err := os.WriteFile(cfgFile, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Builds the real-node e2e's binaries, kube-apiserver, kubelet, kubectl
-# (k8s.io/kubernetes v1.37.2) and etcd (go.etcd.io/etcd/server/v3, the
-# version that release pins), from the Go module proxy through the nested
-# wrapper module test/e2e/node/k8sbuild, into the gitignored
-# .cache/k8s-<version>/. It builds only when a binary is missing or the
-# wrapper module or Go changed since (a stamp file records both), so a
-# rerun takes well under a second; a first build takes several minutes on
-# 2 cores. `--path` prints the directory on stdout (the test calls that).
+# Builds the real-node e2e's binaries, kube-apiserver, kubelet, kubectl,
+# kube-controller-manager and kube-scheduler (k8s.io/kubernetes v1.37.2; the
+# last two run the DaemonSet as a cluster does) and etcd
+# (go.etcd.io/etcd/server/v3, the version that release pins), from the Go
+# module proxy through the nested wrapper module test/e2e/node/k8sbuild,
+# into the gitignored .cache/k8s-<version>/. It builds only when a binary
+# is missing or the wrapper module or Go changed since (a stamp file
+# records both), so a rerun takes well under a second; a first build takes
+# several minutes on 2 cores. `--path` prints the directory on stdout (the
+# test calls that).
 set -euo pipefail
 version=v1.37.2
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 mod=$here/k8sbuild
 out=$root/.cache/k8s-$version
-bins=(kube-apiserver kubelet kubectl etcd)
+bins=(kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler etcd)
 
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || { echo "Go 1.26+ must be on PATH (e.g. /usr/local/go/bin)" >&2; exit 1; }
@@ -33,11 +35,13 @@ if ! $fresh; then
 	ldflags="-s -w -X $ver.gitVersion=$version -X $ver.gitMajor=1 -X $ver.gitMinor=$minor"
 	ldflags+=" -X $ver.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$version"
 	start=$(date +%s)
-	# One go build for all four: they share most packages. The go.mod's
+	# One go build for all: they share most packages (the controller
+	# manager and the scheduler add some 160 of 2,850). The go.mod's
 	# tool block names the main packages; -mod=readonly keeps go.sum as
 	# committed.
 	(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
+		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
 		go.etcd.io/etcd/server/v3)
 	mv "$tmp/server" "$tmp/etcd" # go names the etcd main after server/v3 less its major version
 	mkdir -p "$out"

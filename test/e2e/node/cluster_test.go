@@ -108,6 +108,27 @@ type cluster struct {
 // ends.
 func startCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	t.Helper()
+	return startClusterWith(t, cfg, clusterOpts{})
+}
+
+// clusterOpts is what a cluster runs beyond startCluster's.
+type clusterOpts struct {
+	// seccompDir, if set, is bind-mounted on the kubelet's seccomp dir
+	// (its --root-dir's seccomp/): kubelet names a Localhost profile by its
+	// path there, and containerd, in the machine's mount namespace, reads
+	// it, so both must find what the DaemonSet installs into the machine's
+	// /var/lib/kubelet/seccomp.
+	seccompDir string
+	// controllers runs kube-controller-manager (the DaemonSet, garbage
+	// collector and namespace controllers) and kube-scheduler: what makes
+	// and places a DaemonSet's pods, and what kubectl delete of a
+	// namespace or a DaemonSet waits for.
+	controllers bool
+}
+
+// startClusterWith is startCluster with opts.
+func startClusterWith(t *testing.T, cfg crihelp.Config, opts clusterOpts) *cluster {
+	t.Helper()
 	nstest.RequireRoot(t)
 	crihelp.RequireTools(t, "containerd", "ctr", "runc", "nsenter", "unshare", "ip", "mount")
 	bin := buildK8s(t)
@@ -122,7 +143,13 @@ func startCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	c := &cluster{t: t, root: cfg.Root, bin: bin, node: n, nodeName: cfg.Name + "-" + nstest.RandomSuffix(), pki: newPKI(t, filepath.Join(cfg.Root, "pki"))}
 	c.startEtcd()
 	c.startAPIServer()
+	if opts.controllers {
+		c.startControllers()
+	}
 	c.kubeletArgv = c.kubeletCommand()
+	if opts.seccompDir != "" {
+		c.bindSeccompDir(opts.seccompDir)
+	}
 	c.startKubelet()
 	t.Cleanup(n.TrackAll) // the sandboxes kubelet made, for the shim socket cleanup
 
@@ -225,6 +252,38 @@ func (c *cluster) startAPIServer() {
 		t.Fatalf("kube-apiserver not ready: %v", err)
 	}
 	t.Logf("kube-apiserver %s ready in %v: /readyz %s", k8sVersion, time.Since(start).Round(time.Millisecond), out)
+}
+
+// startControllers runs kube-controller-manager, with only the
+// controllers a DaemonSet's life needs, and kube-scheduler, both as admin
+// on the node netns' apiserver, serving nothing themselves.
+func (c *cluster) startControllers() {
+	t := c.t
+	start := time.Now()
+	startProc(t, "kube-controller-manager", filepath.Join(c.root, "kube-controller-manager.log"), c.inNode(filepath.Join(c.bin, "kube-controller-manager"),
+		"--kubeconfig="+c.admin, "--controllers=daemonset,garbagecollector,namespace",
+		"--leader-elect=false", "--secure-port=0", "--v=1")...)
+	startProc(t, "kube-scheduler", filepath.Join(c.root, "kube-scheduler.log"), c.inNode(filepath.Join(c.bin, "kube-scheduler"),
+		"--kubeconfig="+c.admin, "--leader-elect=false", "--secure-port=0", "--v=1")...)
+	t.Logf("kube-controller-manager (daemonset, garbagecollector, namespace) and kube-scheduler started in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// bindSeccompDir bind-mounts dir on the kubelet's seccomp dir before
+// kubelet starts, so that kubelet's mount namespace has it too.
+func (c *cluster) bindSeccompDir(dir string) {
+	t := c.t
+	target := filepath.Join(c.kubeletRoot, "seccomp")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(dir, target, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatalf("bind %s on the kubelet's seccomp dir %s: %v", dir, target, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(target, syscall.MNT_DETACH); err != nil {
+			t.Errorf("umount %s: %v", target, err)
+		}
+	})
 }
 
 // kubectl runs kubectl in the node netns as admin, bounded.

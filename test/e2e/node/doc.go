@@ -3,7 +3,8 @@
 // netns of the test's own ("napitap-node-*"), with pods applied through
 // kubectl and asserted with test/e2e/nodecheck.
 //
-// kube-apiserver, kubelet, kubectl (k8s.io/kubernetes v1.37.2) and etcd
+// kube-apiserver, kubelet, kubectl, kube-controller-manager,
+// kube-scheduler (k8s.io/kubernetes v1.37.2) and etcd
 // (go.etcd.io/etcd/server/v3, the version that release pins) are built
 // from the Go module proxy by build.sh through the nested wrapper module
 // k8sbuild (whose dependencies never enter napitap's go.mod) and cached in
@@ -13,10 +14,10 @@
 // kubeconfigs and the KubeletConfiguration are made at test time in the
 // temp dir.
 //
-// What is not a real cluster's: no scheduler, controller manager or
-// kube-proxy (pods carry spec.nodeName; the test makes the namespace's
-// default ServiceAccount itself), and etcd speaks plain HTTP on the node
-// netns' loopback. kubelet runs in a mount namespace of its own, where
+// What is not a real cluster's: no kube-proxy, no scheduler or controller
+// manager but on the DaemonSet's nodes (pods carry spec.nodeName; the test
+// makes the namespace's default ServiceAccount itself), and etcd speaks
+// plain HTTP on the node netns' loopback. kubelet runs in a mount namespace of its own, where
 // /var/log and /var/lib are dirs of the test's (kubelet keeps its
 // /var/log/containers links and its /var/lib/kubelet/device-plugins socket
 // there whatever --root-dir says) and the kernel settings kubelet insists on
@@ -30,18 +31,36 @@
 // the node's one conflist between pods and waiting until the CRI plugin
 // has loaded it.
 //
-// The other two nodes run Multus as their CNI config (cluster default
+// The other nodes run Multus as their CNI config (cluster default
 // network: bridge + host-local), with the NetworkAttachmentDefinition CRD
 // and a kubeconfig of Multus' own; Multus runs in a mount namespace where
 // /run/napitap, /run/kata-containers/dans and /var/lib/cni are dirs of the
 // test's, so that the shipped NADs, applied verbatim, reach the test's
-// napitapd and leave nothing on the machine.
+// napitapd and leave nothing on the machine (on the DaemonSet's nodes
+// /run/napitap is the machine's, which the DaemonSet's napitapd serves).
+//
+// The DaemonSet's nodes run napitap as a user does: make image builds the
+// image, ctr imports it into the node's containerd, and kubectl apply -k
+// applies deploy/ through a kustomization of the test's that sets the
+// image and nothing else; kube-controller-manager (daemonset,
+// garbagecollector, namespace) makes the pod and kube-scheduler places it.
+// Its hostPaths are the machine's, since containerd resolves them in the
+// machine's mount namespace: the test claims /opt/cni/bin/napitap,
+// /var/lib/kubelet/seccomp/napitap and /run/napitap and puts back what was
+// there when it ends, bind-mounts the machine's seccomp dir on the
+// kubelet's (whose path kubelet names and containerd reads), links the
+// node's napitap to /opt/cni/bin's, and has containerd put pod netns files
+// in /var/run/netns, where the pod's napitapd sees them. No napitapd of the
+// test's runs there. TestTheShippedDaemonSetRunsOnTheNode checks the pod's
+// install, privileges and socket, an fds-mode pod's queues through
+// napitapctl exec, and kubectl delete -k and a fresh apply under it.
+//
 // TestMultusAttachesTheShippedNetworks applies deploy/examples (kubectl
 // apply -k) and the KubeVirt and Kata NADs, and checks each pod's tap,
 // cni-args and network-status. TestVMPodsGetNAPIQueuesThroughTheSeccompAgent
 // attaches the KubeVirt NAD ("intercept") as KubeVirt's pod<hash>
-// interface and installs napitap's Localhost seccomp profiles with the
-// DaemonSet's init-container command; QEMU (TCG, uid 107) in its pods opens
+// interface on a DaemonSet's node, whose pod installs napitap's Localhost
+// seccomp profiles and serves the agent; QEMU (TCG, uid 107) in its pods opens
 // the tap by name, and GRO on the guest's traffic proves NAPI, against a
 // RuntimeDefault pod.
 //

@@ -108,6 +108,9 @@ type multusNode struct {
 	kataDans string // at /run/kata-containers/dans
 	varLib   string // at /var/lib/cni: Multus' cache, host-local's leases
 	log      string
+	// stage holds napitapd's dir and /run/netns while a tmpfs covers
+	// /run: the DaemonSet's napitapd serves the machine's /run/napitap.
+	stage string
 }
 
 func newMultusNode(root string) multusNode {
@@ -116,6 +119,7 @@ func newMultusNode(root string) multusNode {
 		kataDans: filepath.Join(root, "kata-dans"),
 		varLib:   filepath.Join(root, "var-lib-cni"),
 		log:      filepath.Join(root, "multus.log"),
+		stage:    filepath.Join(root, "multus-stage"),
 	}
 }
 
@@ -137,10 +141,17 @@ func buildMultus(t *testing.T) string {
 // and the NetworkAttachmentDefinition CRD installed.
 func startMultusCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	t.Helper()
+	return startMultusClusterWith(t, cfg, clusterOpts{})
+}
+
+// startMultusClusterWith is startMultusCluster with opts.
+func startMultusClusterWith(t *testing.T, cfg crihelp.Config, opts clusterOpts) *cluster {
+	t.Helper()
 	multus := buildMultus(t)
 	cfg.Conflist = multusConflist
-	c := startCluster(t, cfg)
+	c := startClusterWith(t, cfg, opts)
 	mn := newMultusNode(c.root)
+	mn.napitapd = filepath.Dir(c.node.Socket) // the test's napitapd's, or the DaemonSet's /run/napitap
 	for _, d := range []string{mn.kataDans, mn.varLib} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -220,11 +231,23 @@ func (c *cluster) writeMultusWrapper(multus string, mn multusNode) {
 	if err := os.MkdirAll("/var/lib/cni", 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// napitapd's dir and the pod netns files (/run/netns, where a default
+	// containerd makes them, as on the DaemonSet's nodes) stay visible
+	// under the tmpfs: staged, then bound back.
+	stageNapitapd, stageNetns := filepath.Join(mn.stage, "napitapd"), filepath.Join(mn.stage, "netns")
+	for _, d := range []string{stageNapitapd, stageNetns} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	inner := strings.Join([]string{
 		"set -e",
+		mount + " --bind " + shellQuote(mn.napitapd) + " " + shellQuote(stageNapitapd),
+		"if [ -d /run/netns ]; then " + mount + " --rbind /run/netns " + shellQuote(stageNetns) + "; fi",
 		mount + " -t tmpfs napitap-e2e-run /run",
-		mkdir + " -p /run/napitap /run/kata-containers/dans",
-		mount + " --bind " + shellQuote(mn.napitapd) + " /run/napitap",
+		mkdir + " -p /run/napitap /run/kata-containers/dans /run/netns",
+		mount + " --bind " + shellQuote(stageNapitapd) + " /run/napitap",
+		mount + " --rbind " + shellQuote(stageNetns) + " /run/netns",
 		mount + " --bind " + shellQuote(mn.kataDans) + " /run/kata-containers/dans",
 		mount + " --bind " + shellQuote(mn.varLib) + " /var/lib/cni",
 		`exec "$@"`,

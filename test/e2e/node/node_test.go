@@ -154,7 +154,7 @@ func TestKubernetesNode(t *testing.T) {
 	if atts, err := (&handoff.Client{Socket: n.Socket}).List(); err != nil || len(atts) > 0 {
 		t.Errorf("napitapd after the pods went holds %+v (%v), want nothing", atts, err)
 	}
-	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+	if left := attachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if links := crihelp.LinkNames(t, netns); strings.Join(links, " ") != "lo napinode0" {
@@ -357,10 +357,29 @@ func ipamEntries(t *testing.T, n *crihelp.Node) map[string]string {
 	return out
 }
 
+// attachmentStates lists the attachments' state files in napitapd's state
+// dir ("<container>:<ifname>.json"), not the lock and takeover socket
+// napitapd keeps there while it runs.
+func attachmentStates(dir string) []string {
+	var out []string
+	for name := range crihelp.ListDir(dir) {
+		if strings.HasSuffix(name, ".json") {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // fetchAndProbe runs `napitapctl exec` for the pod's attachment with this
 // test binary as the program: it gets the queue fds and proves on each
 // that it carries NAPI (napiprobe).
 func (c *cluster) fetchAndProbe(p *pod) {
+	c.fetchAndProbeIf(p, "eth0", "tap0")
+}
+
+// fetchAndProbeIf is fetchAndProbe for the attachment of ifName, whose
+// tap is tap.
+func (c *cluster) fetchAndProbeIf(p *pod, ifName, tap string) {
 	t := c.t
 	self, err := os.Executable()
 	if err != nil {
@@ -369,8 +388,8 @@ func (c *cluster) fetchAndProbe(p *pod) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "napitapctl"), "--socket", c.node.Socket, "exec",
-		"--container", p.sandbox, "--ifname", "eth0", "--", self, "{queues}", "{fds}")
-	cmd.Env = append(os.Environ(), probeEnv+"="+p.netns+"|tap0")
+		"--container", p.sandbox, "--ifname", ifName, "--", self, "{queues}", "{fds}")
+	cmd.Env = append(os.Environ(), probeEnv+"="+p.netns+"|"+tap)
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	t.Logf("pod %s: napitapctl exec with the probe (%v):\n%s", p.name, time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(out)))

@@ -7,10 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,11 +44,12 @@ const (
 // intercept mode), which Multus attaches as the pod interface KubeVirt
 // names pod<hash>; its pod securityContext names the Localhost seccomp
 // profile napitap/vmm.json, installed into the kubelet's seccomp dir by the
-// DaemonSet's own init-container command; and its container runs QEMU
+// shipped DaemonSet's init container; and its container runs QEMU
 // opening the tap KubeVirt looks for by name (-netdev
-// tap,ifname=tap<hash>,queues=2). kubelet passes the profile through containerd to
-// runc, runc hands the container's seccomp listener to napitapd, and
-// napitapd's agent performs QEMU's TUNSETIFFs with IFF_NAPI: the guest's
+// tap,ifname=tap<hash>,queues=2). kubelet passes the profile through
+// containerd to runc, runc hands the container's seccomp listener to the
+// DaemonSet pod's napitapd (no other runs), and napitapd's agent performs
+// QEMU's TUNSETIFFs with IFF_NAPI: the guest's
 // TCP segments are GRO-merged on the tap (DESIGN.md fact 10). The same pod
 // under RuntimeDefault gets plain queues and nothing merges. kubectl
 // delete leaves no tap, no attachment and no listener in napitapd.
@@ -65,10 +64,15 @@ func TestVMPodsGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startMultusCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet})
+	c := startDaemonSetCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet})
 	n := c.node
+	// The DaemonSet installs the profiles and serves the agent's socket:
+	// no napitapd of the test's runs.
+	_, ds := c.deployDaemonSet(repo)
+	if err := listensOn(ds.pid, n.Napitapd.SeccompSocket); err != nil {
+		t.Fatalf("the DaemonSet pod's napitapd, pid %d: %v", ds.pid, err)
+	}
 	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"))
-	c.installSeccompProfiles(repo)
 	crihelp.WriteVMMImage(t, n, vmmRef, "guest", "out")
 	podIf := kubeVirtPodIfName(vmNetwork)
 	tap := kubeVirtTapName(podIf)
@@ -191,7 +195,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napinodevm0 "+vmBridge {
 		t.Errorf("node netns links after the pods went: %v, want lo, napinodevm0 and %s (bridges stay, as on a node)", links, vmBridge)
 	}
-	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+	if left := attachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if left := ipamEntries(t, n); len(left) > 0 {
@@ -405,90 +409,6 @@ func (c *cluster) waitQEMUExited(p *vmPod, timeout time.Duration) error {
 			}
 		}
 		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-// installSeccompProfiles runs the DaemonSet's install-seccomp-profiles
-// init container's command, taken from deploy/base/daemonset.yaml, on this
-// node: napitapctl from the test's build, the kubelet-seccomp volume's
-// mount path translated to the test kubelet's seccomp dir (its
-// --root-dir's, as /var/lib/kubelet/seccomp is a default kubelet's), and
-// the listener to the test napitapd's seccomp socket. vmmProfile must be
-// among what it installs, naming that socket.
-func (c *cluster) installSeccompProfiles(repo string) {
-	t := c.t
-	t.Helper()
-	out := c.kubectlMust("create", "--dry-run=client", "-o", "json", "-f", filepath.Join(repo, "deploy", "base", "daemonset.yaml"))
-	var ds struct {
-		Spec struct {
-			Template struct {
-				Spec struct {
-					InitContainers []struct {
-						Name         string
-						Command      []string
-						VolumeMounts []struct{ Name, MountPath string }
-					}
-					Volumes []struct {
-						Name     string
-						HostPath *struct{ Path string }
-					}
-				}
-			}
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &ds); err != nil {
-		t.Fatalf("the DaemonSet as kubectl reads it: %v", err)
-	}
-	spec := ds.Spec.Template.Spec
-	hostPaths := map[string]string{}
-	for _, v := range spec.Volumes {
-		if v.HostPath != nil {
-			hostPaths[v.Name] = v.HostPath.Path
-		}
-	}
-	const kubeletRoot = "/var/lib/kubelet" // a default kubelet's --root-dir
-	var argv []string
-	for _, ic := range spec.InitContainers {
-		if ic.Name != "install-seccomp-profiles" {
-			continue
-		}
-		if len(ic.Command) == 0 || filepath.Base(ic.Command[0]) != "napitapctl" {
-			t.Fatalf("install-seccomp-profiles runs %q, not napitapctl", ic.Command)
-		}
-		argv = append([]string{filepath.Join(binDir, "napitapctl")}, ic.Command[1:]...)
-		for i, a := range argv {
-			if _, ok := strings.CutPrefix(a, "--listener="); ok {
-				argv[i] = "--listener=" + c.node.Napitapd.SeccompSocket
-				continue
-			}
-			for _, m := range ic.VolumeMounts {
-				rest, ok := strings.CutPrefix(a, "--install="+m.MountPath)
-				host, under := strings.CutPrefix(hostPaths[m.Name], kubeletRoot)
-				if ok && under {
-					argv[i] = "--install=" + filepath.Join(c.kubeletRoot, host, rest)
-				}
-			}
-		}
-	}
-	if argv == nil {
-		t.Fatal("the DaemonSet has no install-seccomp-profiles init container")
-	}
-	if !slices.Contains(argv, "--listener="+c.node.Napitapd.SeccompSocket) {
-		t.Fatalf("install-seccomp-profiles as run here, %q, names no listener", argv)
-	}
-	got, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	t.Logf("the DaemonSet's install-seccomp-profiles, as %q:\n%s", argv, strings.TrimSpace(string(got)))
-	if err != nil {
-		t.Fatalf("install-seccomp-profiles: %v", err)
-	}
-	path := filepath.Join(c.kubeletRoot, "seccomp", vmmProfile)
-	var profile struct{ ListenerPath string }
-	b, err := os.ReadFile(path)
-	if err == nil {
-		err = json.Unmarshal(b, &profile)
-	}
-	if err != nil || profile.ListenerPath != c.node.Napitapd.SeccompSocket {
-		t.Fatalf("%s: listenerPath %q (%v), want %s", path, profile.ListenerPath, err, c.node.Napitapd.SeccompSocket)
 	}
 }
 
