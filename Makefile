@@ -86,10 +86,12 @@ deploy-test:
 e2e: deps-test build tools
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
 
-# A real node: etcd, kube-apiserver, containerd, kubelet and Multus built from
-# the Go module proxy (cached in .cache/k8s-* and .cache/multus-*; the first
-# build takes minutes), running the shipped NADs through Multus.
-e2e-node: deps-test build tools
+# A real node: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# containerd, kubelet and Multus built from the Go module proxy (cached in
+# .cache/k8s-* and .cache/multus-*; the first build takes minutes), running
+# the shipped NADs through Multus and the shipped DaemonSet (kubectl apply -k
+# deploy/) from the image make image builds, which the test imports.
+e2e-node: deps-test deps-image build tools
 	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 
 # kind, Multus and the DaemonSet; needs a Docker engine (not on this machine).
