@@ -261,11 +261,11 @@ func (c *cluster) startControllers() {
 	t := c.t
 	start := time.Now()
 	startProc(t, "kube-controller-manager", filepath.Join(c.root, "kube-controller-manager.log"), c.inNode(filepath.Join(c.bin, "kube-controller-manager"),
-		"--kubeconfig="+c.admin, "--controllers=daemonset,garbagecollector,namespace",
+		"--kubeconfig="+c.admin, "--controllers=daemonset,garbagecollector,namespace,nodelifecycle",
 		"--leader-elect=false", "--secure-port=0", "--v=1")...)
 	startProc(t, "kube-scheduler", filepath.Join(c.root, "kube-scheduler.log"), c.inNode(filepath.Join(c.bin, "kube-scheduler"),
 		"--kubeconfig="+c.admin, "--leader-elect=false", "--secure-port=0", "--v=1")...)
-	t.Logf("kube-controller-manager (daemonset, garbagecollector, namespace) and kube-scheduler started in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("kube-controller-manager (daemonset, garbagecollector, namespace, nodelifecycle) and kube-scheduler started in %v", time.Since(start).Round(time.Millisecond))
 }
 
 // bindSeccompDir bind-mounts dir on the kubelet's seccomp dir before

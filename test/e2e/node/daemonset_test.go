@@ -159,7 +159,32 @@ func startDaemonSetCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	t.Helper()
 	claimHost(t)
 	cfg.NapitapdDir, cfg.NapitapPlugin, cfg.NetNSUnderRun = hostNapitapd, filepath.Join(hostCNIBin, "napitap"), true
-	return startMultusClusterWith(t, cfg, clusterOpts{seccompDir: hostSeccomp, controllers: true})
+	c := startMultusCluster(t, cfg, clusterOpts{seccompDir: hostSeccomp, controllers: true})
+	c.mountNodeSysfs()
+	return c
+}
+
+// mountNodeSysfs mounts the node netns' sysfs read-write, as a host's /sys
+// is for the netns a hostNetwork pod shares. The kernel keeps one sysfs
+// superblock per netns, read-only if its first mount was: were runc's
+// read-only /sys for the DaemonSet's pod the node netns' first, napitap's
+// own sysfs mount there (the plugin setting the NAPI knobs of a Kata tap in
+// the node's netns) would be read-only too, which no real node has.
+func (c *cluster) mountNodeSysfs() {
+	t := c.t
+	dir := filepath.Join(c.root, "node-sysfs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("nsenter", "--net="+c.node.NetNS.Path(), "--", "mount", "-t", "sysfs", "-o", "rw,nosuid,nodev,noexec",
+		"napitap-e2e-node-sysfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount the node netns' sysfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("umount %s: %v", dir, err)
+		}
+	})
 }
 
 // deployDaemonSet builds the image, imports it, applies deploy/ and waits

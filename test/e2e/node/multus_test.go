@@ -137,15 +137,9 @@ func buildMultus(t *testing.T) string {
 	return filepath.Join(strings.TrimSpace(string(out)), "multus")
 }
 
-// startMultusCluster is startCluster with Multus as the node's CNI config
+// startMultusCluster is startClusterWith with Multus as the node's CNI config
 // and the NetworkAttachmentDefinition CRD installed.
-func startMultusCluster(t *testing.T, cfg crihelp.Config) *cluster {
-	t.Helper()
-	return startMultusClusterWith(t, cfg, clusterOpts{})
-}
-
-// startMultusClusterWith is startMultusCluster with opts.
-func startMultusClusterWith(t *testing.T, cfg crihelp.Config, opts clusterOpts) *cluster {
+func startMultusCluster(t *testing.T, cfg crihelp.Config, opts clusterOpts) *cluster {
 	t.Helper()
 	multus := buildMultus(t)
 	cfg.Conflist = multusConflist
@@ -290,9 +284,10 @@ type multusPod struct {
 }
 
 // TestMultusAttachesTheShippedNetworks runs the shipped
-// NetworkAttachmentDefinitions through a real Multus on a real kubelet:
-// `kubectl apply -k deploy/examples` (the example pod bound to the node as
-// a scheduler would) and the KubeVirt and Kata NADs, and pods that select
+// NetworkAttachmentDefinitions through a real Multus on a real kubelet,
+// served by the shipped DaemonSet's napitapd (no napitapd of the test's):
+// `kubectl apply -k deploy/examples` (the example pod placed by the
+// scheduler) and the KubeVirt and Kata NADs, and pods that select
 // them in k8s.v1.cni.cncf.io/networks. Each pod gets its tap with the
 // NAD's settings, its cni-args reaching the tap, and a network-status that
 // names the guest NIC with napitap's MAC and addresses; a KubeVirt pod
@@ -304,9 +299,13 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startMultusCluster(t, crihelp.Config{Name: "napimultus", Subnet: multusSubnet})
+	c := startDaemonSetCluster(t, crihelp.Config{Name: "napimultus", Subnet: multusSubnet})
 	n := c.node
 	mn := newMultusNode(c.root)
+	_, ds := c.deployDaemonSet(repo)
+	if pid, err := socketServer(n.Socket); err != nil || pid != ds.pid {
+		t.Fatalf("%s is served by pid %d (%v), want the DaemonSet pod's napitapd, pid %d", n.Socket, pid, err, ds.pid)
+	}
 
 	// The shipped examples, as a user applies them: no test copies.
 	examples := filepath.Join(repo, "deploy", "examples")
@@ -317,7 +316,6 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"))
 	t.Logf("NADs: %s", c.kubectlMust("get", "-n", podNamespace, "network-attachment-definitions", "-o", "name"))
 	c.publishRootCA()
-	c.bind(example.name)
 
 	kubevirtIf := kubeVirtPodIfName("napitap")
 	pods := []*multusPod{
@@ -493,20 +491,6 @@ func (c *cluster) publishRootCA() {
 		t.Fatal(err)
 	}
 	c.apply(string(cm))
-}
-
-// bind binds a pod to the node, as the scheduler (not running here) would:
-// a Binding through the pod's binding subresource.
-func (c *cluster) bind(name string) {
-	t := c.t
-	t.Helper()
-	binding := fmt.Sprintf(`{"apiVersion":"v1","kind":"Binding","metadata":{"name":%q,"namespace":%q},"target":{"apiVersion":"v1","kind":"Node","name":%q}}`,
-		name, podNamespace, c.nodeName)
-	path := filepath.Join(c.root, "binding-"+name+".json")
-	if err := os.WriteFile(path, []byte(binding), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.kubectlMust("create", "--raw", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s/binding", podNamespace, name), "-f", path)
 }
 
 // multusManifest is manifest's pod with a network selection.
