@@ -13,6 +13,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/pkg/tunperm"
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // sendMsg writes v and files as one datagram.
@@ -27,20 +28,9 @@ func sendMsg(c *net.UnixConn, v any, files []*os.File) error {
 	if len(files) > MaxFDs {
 		return fmt.Errorf("%w: %d fds exceed %d", errTooBig, len(files), MaxFDs)
 	}
-	var oob []byte
-	if len(files) > 0 {
-		fds := make([]int, len(files))
-		for i, f := range files {
-			// SyscallConn, not Fd: Fd would switch the file to blocking.
-			rc, err := f.SyscallConn()
-			if err != nil {
-				return err
-			}
-			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
-				return err
-			}
-		}
-		oob = unix.UnixRights(fds...)
+	oob, err := unixsock.Rights(files)
+	if err != nil {
+		return err
 	}
 	_, _, err = c.WriteMsgUnix(b, oob, nil)
 	return err
@@ -66,7 +56,7 @@ func recvMsg(c *net.UnixConn) ([]byte, []*os.File, error) {
 	buf := make([]byte, min(size, MaxHeader)+1)
 	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	files, perr := parseRights(oob[:oobn])
+	files, perr := unixsock.ParseRights(oob[:max(oobn, 0)], "handoff")
 	switch {
 	case err != nil:
 		closeAll(files)
@@ -117,31 +107,6 @@ func waitMsg(c *net.UnixConn) (int, error) {
 		return 0, &net.OpError{Op: "read", Net: "unixpacket", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvfrom", errno)}
 	}
 	return int(n), nil
-}
-
-func parseRights(oob []byte) ([]*os.File, error) {
-	if len(oob) == 0 {
-		return nil, nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil, err
-	}
-	var files []*os.File
-	var firstErr error
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		for _, fd := range fds {
-			files = append(files, os.NewFile(uintptr(fd), "handoff"))
-		}
-	}
-	return files, firstErr
 }
 
 func closeAll(files []*os.File) {

@@ -22,7 +22,6 @@ package takeover
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -32,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 const (
@@ -110,20 +110,9 @@ func send(c *net.UnixConn, m *message, files []*os.File) error {
 	if len(b) > MaxHeader || len(files) > MaxFDs {
 		return fmt.Errorf("takeover: %s message of %d bytes and %d fds exceeds %d and %d", m.Op, len(b), len(files), MaxHeader, MaxFDs)
 	}
-	var oob []byte
-	if len(files) > 0 {
-		fds := make([]int, len(files))
-		for i, f := range files {
-			// SyscallConn, not Fd: Fd would switch the file to blocking.
-			rc, err := f.SyscallConn()
-			if err != nil {
-				return err
-			}
-			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
-				return err
-			}
-		}
-		oob = unix.UnixRights(fds...)
+	oob, err := unixsock.Rights(files)
+	if err != nil {
+		return err
 	}
 	_, _, err = c.WriteMsgUnix(b, oob, nil)
 	return err
@@ -136,7 +125,7 @@ func recv(c *net.UnixConn, ops ...string) (*message, []*os.File, error) {
 	buf := make([]byte, MaxHeader+1)
 	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	files, perr := parseRights(oob[:max(oobn, 0)])
+	files, perr := unixsock.ParseRights(oob[:max(oobn, 0)], "takeover")
 	var m message
 	switch {
 	case err != nil:
@@ -170,29 +159,6 @@ type PeerError struct {
 }
 
 func (e *PeerError) Error() string { return "takeover: peer answered " + e.Op + ": " + e.Message }
-
-func parseRights(oob []byte) ([]*os.File, error) {
-	if len(oob) == 0 {
-		return nil, nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil, err
-	}
-	var files []*os.File
-	var firstErr error
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			firstErr = errors.Join(firstErr, err)
-			continue
-		}
-		for _, fd := range fds {
-			files = append(files, os.NewFile(uintptr(fd), "takeover"))
-		}
-	}
-	return files, firstErr
-}
 
 func closeFiles(files []*os.File) {
 	for _, f := range files {
