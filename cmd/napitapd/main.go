@@ -5,7 +5,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -16,9 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napitap/napitap/pkg/daemon"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
-	"github.com/napitap/napitap/pkg/takeover"
 )
 
 // options are napitapd's flags.
@@ -71,67 +70,11 @@ func run(logger *slog.Logger, o options) error {
 		return err
 	}
 
-	// One napitapd per state dir: the first takes its lock; a later one
-	// takes everything over from it, or waits for it to exit.
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	lock, offer, err := takeover.Acquire(ctx, o.stateDir, o.socket, logger)
-	cancel()
-	if err != nil {
-		return err
-	}
-	files := []takeover.File{{Item: takeover.Item{Kind: takeover.KindLock}, File: lock}}
-	if offer != nil {
-		files = offer.Files
-	}
-	d := newDaemon(o, os.FileMode(mode), gid, logger)
-	if err := d.prepare(files); err != nil {
-		if offer != nil {
-			offer.Decline(err)
-			return fmt.Errorf("taking over: %w", err)
-		}
-		takeover.CloseAll(files)
-		return err
-	}
-	if offer != nil {
-		if err := offer.Accept(); err != nil {
-			d.discard()
-			takeover.CloseAll(files)
-			return err
-		}
-	}
-	takeover.CloseAll(files)
-	d.serve()
-	took := ""
-	if offer != nil {
-		took = time.Since(offer.Asked).String()
-	}
-	logger.Info("serving", "socket", o.socket, "state", o.stateDir, "seccomp-socket", o.seccompSocket,
-		"maxConns", o.limits.MaxConns, "maxConnsPerUID", o.limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took)
-
-	select {
-	case <-stop:
-		return d.stop()
-	case <-d.handed:
-		if o.waitAfterTakeover {
-			// A DaemonSet's old pod during a maxSurge rollout: exiting would
-			// restart this container, and the restarted napitapd would take
-			// everything back from the new pod's. The controller deletes
-			// this pod once the new one is ready; SIGTERM then finds
-			// nothing to stop.
-			logger.Info("handed everything over to the next napitapd; holding nothing, waiting for SIGTERM")
-			<-stop
-		}
-		return nil
-	case err := <-d.failed:
-		return err
-	}
+	return daemon.Run(logger, daemon.Config{
+		Socket: o.socket, SeccompSocket: o.seccompSocket, StateDir: o.stateDir,
+		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
+		WaitAfterTakeover: o.waitAfterTakeover,
+	}, stop)
 }
 
 func lookupGroup(group string) (int, error) {

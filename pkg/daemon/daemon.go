@@ -1,7 +1,13 @@
-package main
+// Package daemon is napitapd: it serves the hand-off socket (pkg/handoff)
+// and the seccomp agent's (pkg/seccompagent) from one state dir, sweeps
+// attachments that are gone, and takes everything over from a running
+// napitapd on the same paths or hands everything over to a new one
+// (pkg/takeover).
+package daemon
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +24,87 @@ import (
 	"github.com/napitap/napitap/pkg/takeover"
 )
 
+// Config is what napitapd serves, and where.
+type Config struct {
+	Socket        string // the hand-off socket
+	SeccompSocket string // the seccomp agent's; empty: no agent
+	StateDir      string
+	SocketMode    os.FileMode // of both sockets
+	SocketGID     int         // owner group of both sockets; -1: root's
+	Sweep         time.Duration
+	Limits        handoff.Limits
+	// WaitAfterTakeover: once a new napitapd has taken everything over,
+	// hold nothing and wait for stop instead of returning (in a pod, the
+	// kubelet restarts a container that exits, and its napitapd would take
+	// everything back).
+	WaitAfterTakeover bool
+}
+
+// Run serves o until stop (SIGTERM) or, after a takeover, until the new
+// napitapd has everything. One napitapd per state dir: the first takes its
+// lock; a later one takes everything over from it, or waits for it to exit.
+func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	lock, offer, err := takeover.Acquire(ctx, o.StateDir, o.Socket, logger)
+	cancel()
+	if err != nil {
+		return err
+	}
+	files := []takeover.File{{Item: takeover.Item{Kind: takeover.KindLock}, File: lock}}
+	if offer != nil {
+		files = offer.Files
+	}
+	d := newDaemon(o, logger)
+	if err := d.prepare(files); err != nil {
+		if offer != nil {
+			offer.Decline(err)
+			return fmt.Errorf("taking over: %w", err)
+		}
+		takeover.CloseAll(files)
+		return err
+	}
+	if offer != nil {
+		if err := offer.Accept(); err != nil {
+			d.discard()
+			takeover.CloseAll(files)
+			return err
+		}
+	}
+	takeover.CloseAll(files)
+	d.serve()
+	took := ""
+	if offer != nil {
+		took = time.Since(offer.Asked).String()
+	}
+	logger.Info("serving", "socket", o.Socket, "state", o.StateDir, "seccomp-socket", o.SeccompSocket,
+		"maxConns", o.Limits.MaxConns, "maxConnsPerUID", o.Limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took)
+
+	select {
+	case <-stop:
+		return d.stop()
+	case <-d.handed:
+		if o.WaitAfterTakeover {
+			// A DaemonSet's old pod during a maxSurge rollout: exiting would
+			// restart this container, and the restarted napitapd would take
+			// everything back from the new pod's. The controller deletes
+			// this pod once the new one is ready; SIGTERM then finds
+			// nothing to stop.
+			logger.Info("handed everything over to the next napitapd; holding nothing, waiting for SIGTERM")
+			<-stop
+		}
+		return nil
+	case err := <-d.failed:
+		return err
+	}
+}
+
 // Socket names in a takeover.
 const (
 	sockHandoff  = "handoff"
@@ -30,7 +117,7 @@ const (
 // lock on a fresh start; serve starts serving, and a takeover's Detach
 // gives them all back as files.
 type daemon struct {
-	o    options
+	o    Config
 	mode os.FileMode
 	gid  int
 	log  *slog.Logger
@@ -52,8 +139,8 @@ type daemon struct {
 	failed chan error    // a failed takeover could not serve again
 }
 
-func newDaemon(o options, mode os.FileMode, gid int, logger *slog.Logger) *daemon {
-	return &daemon{o: o, mode: mode, gid: gid, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
+func newDaemon(o Config, logger *slog.Logger) *daemon {
+	return &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
 }
 
 // prepare builds everything from files without serving yet. It keeps
@@ -98,10 +185,10 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 	if d.lock == nil {
 		return errors.New("no lock of the state dir")
 	}
-	if d.srv, err = handoff.NewServer(d.o.stateDir, d.log); err != nil {
+	if d.srv, err = handoff.NewServer(d.o.StateDir, d.log); err != nil {
 		return err
 	}
-	d.srv.Limits = d.o.limits
+	d.srv.Limits = d.o.Limits
 	for _, key := range keys {
 		var own []*os.File
 		for _, q := range queues[key] {
@@ -113,14 +200,14 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 			d.log.Warn("takeover: held queues not taken; a fetch reopens them", "err", err)
 		}
 	}
-	if d.hl, err = listener(sockets[sockHandoff], d.o.socket, func() (*net.UnixListener, error) {
-		return handoff.Listen(d.o.socket, d.mode, d.gid)
+	if d.hl, err = listener(sockets[sockHandoff], d.o.Socket, func() (*net.UnixListener, error) {
+		return handoff.Listen(d.o.Socket, d.mode, d.gid)
 	}); err != nil {
 		return err
 	}
-	if d.o.seccompSocket != "" {
-		if d.sl, err = listener(sockets[sockSeccomp], d.o.seccompSocket, func() (*net.UnixListener, error) {
-			return seccompagent.Listen(d.o.seccompSocket, d.mode, d.gid)
+	if d.o.SeccompSocket != "" {
+		if d.sl, err = listener(sockets[sockSeccomp], d.o.SeccompSocket, func() (*net.UnixListener, error) {
+			return seccompagent.Listen(d.o.SeccompSocket, d.mode, d.gid)
 		}); err != nil {
 			return err
 		}
@@ -128,8 +215,8 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 			return err
 		}
 	}
-	d.tl, err = listener(sockets[sockTakeover], takeover.Socket(d.o.stateDir), func() (*net.UnixListener, error) {
-		return takeover.Listen(d.o.stateDir)
+	d.tl, err = listener(sockets[sockTakeover], takeover.Socket(d.o.StateDir), func() (*net.UnixListener, error) {
+		return takeover.Listen(d.o.StateDir)
 	})
 	return err
 }
@@ -185,7 +272,7 @@ func (d *daemon) serve() {
 		go func(agent *seccompagent.Agent, l *net.UnixListener, done chan struct{}) {
 			defer close(done)
 			if err := seccompagent.NewServer(agent, d.log, seccompagent.Limits{}).Serve(l); err != nil {
-				d.log.Error("seccomp socket", "path", d.o.seccompSocket, "err", err)
+				d.log.Error("seccomp socket", "path", d.o.SeccompSocket, "err", err)
 			}
 		}(d.agent, d.sl, d.sDone)
 	}
@@ -200,7 +287,7 @@ func (d *daemon) serve() {
 	d.sweepStop, d.sweepDone = make(chan struct{}), make(chan struct{})
 	go func(srv *handoff.Server, stop, done chan struct{}) {
 		defer close(done)
-		t := time.NewTicker(d.o.sweep)
+		t := time.NewTicker(d.o.Sweep)
 		defer t.Stop()
 		for {
 			select {
@@ -313,11 +400,11 @@ func (d *daemon) stop() error {
 		d.sl.Close()
 		<-d.sDone
 		d.agent.Close()
-		os.Remove(d.o.seccompSocket)
+		os.Remove(d.o.SeccompSocket)
 	}
 	d.tl.Close()
-	os.Remove(takeover.Socket(d.o.stateDir))
-	os.Remove(d.o.socket)
+	os.Remove(takeover.Socket(d.o.StateDir))
+	os.Remove(d.o.Socket)
 	d.lock.Close()
 	return err
 }
