@@ -128,7 +128,7 @@ func TestPodSandboxesThroughContainerdCRI(t *testing.T) {
 	if netnsDir := filepath.Join(root, "state", "io.containerd.grpc.v1.cri", "netns"); len(crihelp.ListDir(netnsDir)) > 0 {
 		t.Errorf("pod netns files left in %s: %v", netnsDir, crihelp.ListDir(netnsDir))
 	}
-	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+	if left := crihelp.AttachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if atts, err := (&handoff.Client{Socket: n.Socket}).List(); err != nil || len(atts) > 0 {

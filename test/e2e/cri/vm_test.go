@@ -200,7 +200,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napicrivm0" {
 		t.Errorf("node netns links after rmp: %v, want only lo and napicrivm0", links)
 	}
-	if left := crihelp.ListDir(n.StateDir); len(left) > 0 {
+	if left := crihelp.AttachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if pids := crihelp.ShimsOf(n.Address); len(pids) > 0 {

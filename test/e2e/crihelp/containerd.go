@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/takeover"
 )
 
 const (
@@ -810,6 +812,20 @@ func ListDir(dir string) map[string]bool {
 	for _, e := range entries {
 		out[e.Name()] = true
 	}
+	return out
+}
+
+// AttachmentStates lists what napitapd's state dir at dir holds besides
+// napitapd's own lock and takeover socket: attachments' state files, and
+// any leftover of writing one.
+func AttachmentStates(dir string) []string {
+	var out []string
+	for name := range ListDir(dir) {
+		if name != takeover.LockName && name != takeover.SocketName {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -531,7 +531,7 @@ func TestTheShippedDaemonSetRunsOnTheNode(t *testing.T) {
 			t.Errorf("kubectl delete -k removed %s", f)
 		}
 	}
-	if state := attachmentStates(c.node.StateDir); len(state) != 1 {
+	if state := crihelp.AttachmentStates(c.node.StateDir); len(state) != 1 {
 		t.Errorf("napitapd's state after kubectl delete -k: %v, want pod %s's attachment", state, p.name)
 	}
 	start = time.Now()
@@ -554,7 +554,7 @@ func TestTheShippedDaemonSetRunsOnTheNode(t *testing.T) {
 	if atts, err := (&handoff.Client{Socket: c.node.Socket}).List(); err != nil || len(atts) > 0 {
 		t.Errorf("the re-applied napitapd after the pod went holds %+v (%v), want nothing", atts, err)
 	}
-	if left := attachmentStates(c.node.StateDir); len(left) > 0 {
+	if left := crihelp.AttachmentStates(c.node.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", c.node.StateDir, left)
 	}
 	c.checkDaemonSetLog(again)

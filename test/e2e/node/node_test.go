@@ -154,7 +154,7 @@ func TestKubernetesNode(t *testing.T) {
 	if atts, err := (&handoff.Client{Socket: n.Socket}).List(); err != nil || len(atts) > 0 {
 		t.Errorf("napitapd after the pods went holds %+v (%v), want nothing", atts, err)
 	}
-	if left := attachmentStates(n.StateDir); len(left) > 0 {
+	if left := crihelp.AttachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if links := crihelp.LinkNames(t, netns); strings.Join(links, " ") != "lo napinode0" {
@@ -353,19 +353,6 @@ func ipamEntries(t *testing.T, n *crihelp.Node) map[string]string {
 			t.Fatal(err)
 		}
 		out[e.Name()] = strings.Fields(string(b) + " ?")[0]
-	}
-	return out
-}
-
-// attachmentStates lists the attachments' state files in napitapd's state
-// dir ("<container>:<ifname>.json"), not the lock and takeover socket
-// napitapd keeps there while it runs.
-func attachmentStates(dir string) []string {
-	var out []string
-	for name := range crihelp.ListDir(dir) {
-		if strings.HasSuffix(name, ".json") {
-			out = append(out, name)
-		}
 	}
 	return out
 }

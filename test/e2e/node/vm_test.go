@@ -195,7 +195,7 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 	if links := crihelp.LinkNames(t, n.NetNS); strings.Join(links, " ") != "lo napinodevm0 "+vmBridge {
 		t.Errorf("node netns links after the pods went: %v, want lo, napinodevm0 and %s (bridges stay, as on a node)", links, vmBridge)
 	}
-	if left := attachmentStates(n.StateDir); len(left) > 0 {
+	if left := crihelp.AttachmentStates(n.StateDir); len(left) > 0 {
 		t.Errorf("napitapd state dir %s not empty: %v", n.StateDir, left)
 	}
 	if left := ipamEntries(t, n); len(left) > 0 {
