@@ -157,19 +157,7 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	launched := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	launched.Env = append(os.Environ(), launchSleepEnv+"="+p.seccomp)
-	if err := launched.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, first.cmd.Process.Pid) != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first napitapd never got the launched process's listener")
-		}
-	}
+	launchUnderFilter(t, p.seccomp, first.cmd.Process.Pid)
 
 	var polls, failures atomic.Int64
 	var firstFailure atomic.Value
@@ -265,19 +253,7 @@ func TestWithWaitAfterTakeoverTheOldNapitapdHoldsNothingAndStopsOnSIGTERM(t *tes
 	waitFile(t, p.socket)
 	waitFile(t, p.seccomp)
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	launched := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	launched.Env = append(os.Environ(), launchSleepEnv+"="+p.seccomp)
-	if err := launched.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, old.cmd.Process.Pid) != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the old napitapd never got the launched process's listener")
-		}
-	}
+	launchUnderFilter(t, p.seccomp, old.cmd.Process.Pid)
 
 	next := startNapitapdProc(t, p)
 	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(old.log.String(), "waiting for SIGTERM"); time.Sleep(10 * time.Millisecond) {
@@ -319,5 +295,25 @@ func TestWithWaitAfterTakeoverTheOldNapitapdHoldsNothingAndStopsOnSIGTERM(t *tes
 	}
 	if n := seccompListeners(t, next.cmd.Process.Pid); n != 1 {
 		t.Errorf("after the old napitapd stopped the new one holds %d seccomp listeners, want 1", n)
+	}
+}
+
+// launchUnderFilter starts a process that sends its seccomp listener to the
+// agent at seccomp, then sleeps under the filter until the test ends, and
+// waits for napitapd pid to serve that listener.
+func launchUnderFilter(t *testing.T, seccomp string, pid int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	launched := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	launched.Env = append(os.Environ(), launchSleepEnv+"="+seccomp)
+	if err := launched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, pid) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("napitapd pid %d never got the launched process's listener", pid)
+		}
 	}
 }
