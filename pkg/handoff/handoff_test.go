@@ -79,12 +79,15 @@ func newLogger(t testing.TB) *slog.Logger {
 
 // startDaemon serves stateDir on socket (mode applied with handoff.Listen)
 // until the test ends or stop is called.
-func startDaemon(t testing.TB, stateDir, socket string, mode os.FileMode) *daemon {
+func startDaemon(t testing.TB, stateDir, socket string, mode os.FileMode, configure ...func(*handoff.Server)) *daemon {
 	t.Helper()
 	logger := newLogger(t)
 	srv, err := handoff.NewServer(stateDir, logger)
 	if err != nil {
 		t.Fatalf("NewServer(%s): %v", stateDir, err)
+	}
+	for _, c := range configure {
+		c(srv)
 	}
 	l, err := handoff.Listen(socket, mode, -1)
 	if err != nil {

@@ -46,7 +46,33 @@ type Server struct {
 	// NodeNetns is the node's netns, where a NodeTap attachment's tap is:
 	// napitapd's own (DefaultNodeNetns) unless a test sets another.
 	NodeNetns string
-	conns     connTable
+	// Store, if set before Serve, keeps a copy of every queue the server
+	// holds outside napitapd's process.
+	Store QueueStore
+	conns connTable
+}
+
+// QueueStore keeps copies of the queues a Server holds outside napitapd's
+// process (pkg/fdstore, through pkg/daemon), so that a napitapd killed by
+// SIGKILL or the OOM killer loses none of them. It is told, under the
+// server's lock and so in order, whenever the set held for an attachment
+// changes: a copy left behind after a fetch would keep a queue attached
+// that no runtime reads (DESIGN.md fact 7).
+type QueueStore interface {
+	KeepQueues(key Key, files []*os.File) // files are lent: copy them before returning
+	ForgetQueues(key Key)
+}
+
+func (s *Server) keep(key Key, files []*os.File) {
+	if s.Store != nil && len(files) > 0 {
+		s.Store.KeepQueues(key, files)
+	}
+}
+
+func (s *Server) forget(key Key) {
+	if s.Store != nil {
+		s.Store.ForgetQueues(key)
+	}
 }
 
 // DefaultNodeNetns is napitapd's own netns, the node's: the DaemonSet
@@ -287,6 +313,7 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 		return errorf(CodeInternal, "attachment %s: %v", att.Key, err)
 	}
 	s.held[att.Key] = &entry{att: *att, files: files}
+	s.keep(att.Key, files)
 	s.log.Info("registered", "attachment", att.Key.String(), "tap", att.TapName, "queues", att.Queues, "netns", att.Netns)
 	return nil
 }
@@ -349,7 +376,9 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 		}
 	}
 	files := e.files
-	if len(files) == 0 {
+	if len(files) > 0 {
+		s.forget(e.att.Key)
+	} else {
 		var perr *Error
 		if files, perr = reopen(&e.att); perr != nil {
 			return &Response{Error: perr}, nil
@@ -377,6 +406,7 @@ func (s *Server) restore(resp *Response, files []*os.File) {
 	e, ok := s.held[resp.Attachment.Key]
 	if ok && len(e.files) == 0 {
 		e.files, e.att.Held = files, len(files)
+		s.keep(e.att.Key, files)
 	} else {
 		closeAll(files)
 	}
@@ -518,6 +548,9 @@ func (s *Server) release(match func(*Attachment) bool) (n int, closing []*os.Fil
 			continue
 		}
 		closing = append(closing, e.files...)
+		if len(e.files) > 0 {
+			s.forget(key)
+		}
 		e.doneSending()
 		if err := os.Remove(s.statePath(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("remove state", "attachment", key.String(), "err", err)

@@ -98,6 +98,7 @@ func (s *Server) AdoptHeld(key Key, files []*os.File) error {
 		return err
 	}
 	e.files, e.att.Held = files, len(files)
+	s.keep(key, files)
 	return nil
 }
 
