@@ -51,7 +51,7 @@ deps-image:
 	./hack/deps.sh image
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitapctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
 
 tools:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(TOOLS)

@@ -53,7 +53,7 @@ build() {
 	bin)
 		# The platform make build built for, which the image must say.
 		local f platform
-		for f in napitap napitapd napitapctl; do
+		for f in napitap napitapd napitap-fdstore napitapctl; do
 			[ -x "$BIN/$f" ] || { echo "image: no $BIN/$f: make build makes it" >&2; exit 1; }
 		done
 		platform=$(go env GOOS)/$(go env GOARCH)

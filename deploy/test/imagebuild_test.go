@@ -36,15 +36,16 @@ func cannot(t *testing.T, why string) {
 // imageFiles are the image's only files, each a static binary that `make
 // build` made, by where the image has them.
 var imageFiles = map[string]string{
-	"opt/napitap/bin/napitap":  "napitap",
-	"usr/local/bin/napitapd":   "napitapd",
-	"usr/local/bin/napitapctl": "napitapctl",
+	"opt/napitap/bin/napitap":       "napitap",
+	"usr/local/bin/napitapd":        "napitapd",
+	"usr/local/bin/napitap-fdstore": "napitap-fdstore",
+	"usr/local/bin/napitapctl":      "napitapctl",
 }
 
 // `make image IMAGE_ARCHIVE=...` builds deploy/Dockerfile with no registry
 // from make build's binaries, with whichever builder this machine has, and
 // writes an archive that containerd imports: napitapd as the entrypoint,
-// the three static binaries where the DaemonSet runs them, and nothing else
+// the four static binaries where the DaemonSet runs them, and nothing else
 // (no shell).
 func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -84,7 +85,7 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 		switch {
 		case f.typ == tar.TypeDir:
 		case f.typ != tar.TypeReg:
-			t.Errorf("/%s: tar type %q: the image should hold only directories and the three binaries", name, f.typ)
+			t.Errorf("/%s: tar type %q: the image should hold only directories and the four binaries", name, f.typ)
 		default:
 			files = append(files, name)
 		}

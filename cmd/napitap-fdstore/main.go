@@ -1,0 +1,53 @@
+// napitap-fdstore holds the fds napitapd gives it, so that a napitapd that
+// crashes and restarts gets them back (see package fdstore). It runs as a
+// native sidecar in napitapd's pod, the socket in an emptyDir they share.
+//
+//	napitap-fdstore [--socket PATH] [--max-files N]
+//
+// SIGTERM or SIGINT closes every fd it holds and exits 0. Go raises the
+// soft RLIMIT_NOFILE to the hard one at start, which the fds need.
+package main
+
+import (
+	"flag"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/napitap/napitap/pkg/fdstore"
+)
+
+func main() {
+	socket := flag.String("socket", fdstore.DefaultSocket, "the unix socket napitapd connects to")
+	maxFiles := flag.Int("max-files", fdstore.DefaultMaxFiles, "the most fds held, in all entries")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if flag.NArg() > 0 || *maxFiles < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+
+	l, err := fdstore.Listen(*socket)
+	if err != nil {
+		log.Error("napitap-fdstore: cannot listen", "err", err)
+		os.Exit(1)
+	}
+	h := fdstore.NewHolder(log)
+	h.MaxFiles = *maxFiles
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		log.Info("napitap-fdstore: stopping: closing every fd held", "signal", (<-sigs).String())
+		l.Close()
+	}()
+
+	log.Info("napitap-fdstore: holding fds", "socket", *socket, "max_files", *maxFiles)
+	if err := h.Serve(l); err != nil {
+		log.Error("napitap-fdstore: serve", "err", err)
+		h.Close()
+		os.Exit(1)
+	}
+	h.Close()
+}
