@@ -27,6 +27,7 @@ type options struct {
 	sweep                           time.Duration
 	limits                          handoff.Limits
 	seccompSocket                   string
+	fdstoreSocket                   string
 	waitAfterTakeover               bool
 }
 
@@ -40,6 +41,7 @@ func main() {
 	flag.IntVar(&o.limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once; more are closed at once")
 	flag.IntVar(&o.limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one uid other than root may hold at once")
 	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
+	flag.StringVar(&o.fdstoreSocket, "fdstore-socket", "", "socket of the fd holder (napitap-fdstore) that keeps copies of the seccomp listeners, held queues and listening sockets, so that a napitapd killed by SIGKILL, the OOM killer or a liveness probe loses none; empty: no holder")
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.Parse()
 
@@ -73,7 +75,7 @@ func run(logger *slog.Logger, o options) error {
 	return daemon.Run(logger, daemon.Config{
 		Socket: o.socket, SeccompSocket: o.seccompSocket, StateDir: o.stateDir,
 		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
-		WaitAfterTakeover: o.waitAfterTakeover,
+		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover,
 	}, stop)
 }
 

@@ -96,6 +96,9 @@ func TestDaemonSetPod(t *testing.T) {
 	// Only the host paths napitap needs, with their types.
 	volumes := map[string]string{}
 	for _, v := range spec.Volumes {
+		if v.Name == "fdstore" && v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory {
+			continue // the fd holder's socket: this pod's alone
+		}
 		if v.HostPath == nil {
 			t.Errorf("volume %s is not a hostPath: what is it for?", v.Name)
 			continue
@@ -134,8 +137,8 @@ func TestDaemonSetPod(t *testing.T) {
 func TestContainerSecurity(t *testing.T) {
 	ds, _ := daemonSet(t, "deploy")
 	spec := ds.Spec.Template.Spec
-	if len(spec.InitContainers) != 2 || len(spec.Containers) != 1 {
-		t.Fatalf("%d init containers and %d containers, want 2 and 1", len(spec.InitContainers), len(spec.Containers))
+	if len(spec.InitContainers) != 3 || len(spec.Containers) != 1 {
+		t.Fatalf("%d init containers and %d containers, want 3 (two installs and the fd holder) and 1", len(spec.InitContainers), len(spec.Containers))
 	}
 	header, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "base", "daemonset.yaml"))
 	if err != nil {
@@ -173,10 +176,10 @@ func TestContainerSecurity(t *testing.T) {
 		}
 	}
 
-	for _, name := range []string{"install-cni", "install-seccomp-profiles"} {
-		install := container(t, spec.InitContainers, name)
-		if sc := install.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
-			t.Errorf("%s: adds %v, allowPrivilegeEscalation %v: writing a file into a root-owned dir needs neither", name, sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
+	for _, name := range []string{"install-cni", "install-seccomp-profiles", "fdstore"} {
+		c := container(t, spec.InitContainers, name)
+		if sc := c.SecurityContext; len(sc.Capabilities.Add) != 0 || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: adds %v, allowPrivilegeEscalation %v: writing a file into a root-owned dir, or keeping fds sent over a socket, needs neither", name, sc.Capabilities.Add, *sc.AllowPrivilegeEscalation)
 		}
 	}
 
@@ -242,6 +245,24 @@ func TestNapitapdPaths(t *testing.T) {
 		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
 			return p == m.MountPath || strings.HasPrefix(p, m.MountPath+"/")
 		})
+	}
+	// The fd holder is a sidecar (it outlives a crashed napitapd, starts
+	// before it, stops after it) on a socket of this pod's alone: in a
+	// rollout the old and new pod each keep their own.
+	holder := container(t, spec.InitContainers, "fdstore")
+	if holder.RestartPolicy == nil || *holder.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("fdstore: restartPolicy %v, want Always (a sidecar)", holder.RestartPolicy)
+	}
+	holderSocket, _ := flagValue(holder.Command, "socket")
+	if fdstore, _ := flagValue(c.Args, "fdstore-socket"); fdstore == "" || fdstore != holderSocket {
+		t.Errorf("napitapd --fdstore-socket %q, the holder serves %q", fdstore, holderSocket)
+	}
+	for _, who := range []*corev1.Container{c, holder} {
+		if !slices.ContainsFunc(who.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "fdstore" && strings.HasPrefix(holderSocket, m.MountPath+"/")
+		}) {
+			t.Errorf("%s does not mount the fdstore volume where the holder's socket %s is", who.Name, holderSocket)
+		}
 	}
 	seccompSocket, _ := flagValue(c.Args, "seccomp-socket")
 	for _, p := range []string{socket, state, seccompSocket, "/run/netns", "/var/run/netns", "/dev/net/tun"} {

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/fdstore"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
 	"github.com/napitap/napitap/pkg/takeover"
@@ -33,6 +34,9 @@ type Config struct {
 	SocketGID     int         // owner group of both sockets; -1: root's
 	Sweep         time.Duration
 	Limits        handoff.Limits
+	// FDStore is the socket of the fd holder (pkg/fdstore) that keeps
+	// copies of napitapd's files through a crash; empty: none.
+	FDStore string
 	// WaitAfterTakeover: once a new napitapd has taken everything over,
 	// hold nothing and wait for stop instead of returning (in a pod, the
 	// kubelet restarts a container that exits, and its napitapd would take
@@ -60,6 +64,8 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	files := []takeover.File{{Item: takeover.Item{Kind: takeover.KindLock}, File: lock}}
 	if offer != nil {
 		files = offer.Files
+	} else if o.FDStore != "" {
+		files = append(files, recoverFiles(o.FDStore, logger)...)
 	}
 	d := newDaemon(o, logger)
 	if err := d.prepare(files); err != nil {
@@ -105,6 +111,28 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	}
 }
 
+// holderWait is how long a napitapd starting without a takeover waits for
+// the fd holder: the kubelet starts the holder's container first, but it
+// may not listen yet.
+const holderWait = 5 * time.Second
+
+// recoverFiles gets back from the fd holder what a napitapd that died
+// left there: the holder keeps its copies until the new napitapd's first
+// sync drops what it did not take.
+func recoverFiles(path string, log *slog.Logger) []takeover.File {
+	entries, err := fdstore.Recover(path, holderWait)
+	if err != nil {
+		log.Error("fd holder: nothing recovered; serving afresh", "socket", path, "err", err)
+		return nil
+	}
+	files, skipped := filesOf(entries)
+	if len(skipped) > 0 {
+		log.Warn("fd holder: entries napitapd does not know are left out", "entries", skipped)
+	}
+	log.Info("fd holder: recovered what the previous napitapd held", "entries", len(entries), "files", len(files))
+	return files
+}
+
 // Socket names in a takeover.
 const (
 	sockHandoff  = "handoff"
@@ -137,10 +165,17 @@ type daemon struct {
 
 	handed chan struct{} // closed once a takeover handed everything over
 	failed chan error    // a failed takeover could not serve again
+
+	store      *holderStore // nil without Config.FDStore
+	storeStart sync.Once
 }
 
 func newDaemon(o Config, logger *slog.Logger) *daemon {
-	return &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
+	d := &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
+	if o.FDStore != "" {
+		d.store = &holderStore{m: fdstore.NewMirror(o.FDStore, logger.With("fdstore", o.FDStore))}
+	}
+	return d
 }
 
 // prepare builds everything from files without serving yet. It keeps
@@ -155,6 +190,7 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 	}()
 	sockets := map[string]*os.File{}
 	queues := map[handoff.Key][]*os.File{}
+	slots := map[string]*os.File{}
 	var keys []handoff.Key
 	d.listeners = nil
 	for _, f := range files {
@@ -171,7 +207,11 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 				d.log.Error("takeover: a seccomp listener is lost", "listener", f.Origin, "err", err)
 				continue
 			}
-			d.listeners = append(d.listeners, seccompagent.Listener{File: c, UID: f.UID, Origin: f.Origin})
+			d.listeners = append(d.listeners, seccompagent.Listener{File: c, UID: f.UID, Origin: f.Origin, ID: f.ID})
+		case takeover.KindSlot:
+			if f.ID != "" {
+				slots[f.ID] = f.File
+			}
 		case takeover.KindQueue:
 			if f.Key == nil {
 				continue
@@ -185,10 +225,21 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 	if d.lock == nil {
 		return errors.New("no lock of the state dir")
 	}
+	for i, l := range d.listeners {
+		if slot := slots[l.ID]; slot != nil && l.ID != "" {
+			// Without its slot the listener is still served; only a
+			// notification its last holder received unanswered is lost.
+			d.listeners[i].Slot, _ = dup(slot)
+		}
+	}
 	if d.srv, err = handoff.NewServer(d.o.StateDir, d.log); err != nil {
 		return err
 	}
 	d.srv.Limits = d.o.Limits
+	var agentStore seccompagent.Store
+	if d.store != nil {
+		d.srv.Store, agentStore = d.store, d.store
+	}
 	for _, key := range keys {
 		var own []*os.File
 		for _, q := range queues[key] {
@@ -211,7 +262,7 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 		}); err != nil {
 			return err
 		}
-		if d.agent, err = seccompagent.New(agentRegistry(d.srv), d.log, seccompagent.Options{}); err != nil {
+		if d.agent, err = seccompagent.New(agentRegistry(d.srv), d.log, seccompagent.Options{Store: agentStore}); err != nil {
 			return err
 		}
 	}
@@ -222,9 +273,10 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 }
 
 // listener wraps a copy of inherited if it is the socket at path, else
-// makes one with listen.
+// makes one with listen. A socket whose path is gone (the fd holder's,
+// after someone removed the file) would take connections nobody can make.
 func listener(inherited *os.File, path string, listen func() (*net.UnixListener, error)) (*net.UnixListener, error) {
-	if inherited == nil {
+	if _, err := os.Lstat(path); inherited == nil || err != nil {
 		return listen()
 	}
 	l, err := net.FileListener(inherited) // a copy
@@ -249,6 +301,9 @@ func (d *daemon) discard() {
 	}
 	for _, l := range d.listeners {
 		l.File.Close()
+		if l.Slot != nil {
+			l.Slot.Close()
+		}
 	}
 	if d.srv != nil {
 		d.srv.Close()
@@ -277,6 +332,20 @@ func (d *daemon) serve() {
 		}(d.agent, d.sl, d.sDone)
 	}
 	d.listeners = nil
+	if d.store != nil {
+		for _, s := range []struct {
+			name string
+			l    *net.UnixListener
+		}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
+			if s.l == nil {
+				continue
+			}
+			if err := d.store.keepSocket(s.name, s.l); err != nil {
+				d.log.Error("fd holder: a crash would refuse connections until napitapd is back", "err", err)
+			}
+		}
+		d.storeStart.Do(d.store.m.Start)
+	}
 	d.hDone = make(chan error, 1)
 	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(l) }(d.srv, d.hl, d.hDone)
 	go func(l *net.UnixListener) {
@@ -338,7 +407,10 @@ func (d *daemon) Detach() []takeover.File {
 	d.srv.Drain()
 	if d.agent != nil {
 		for _, l := range d.agent.Detach() {
-			add(takeover.Item{Kind: takeover.KindListener, UID: l.UID, Origin: l.Origin}, l.File)
+			add(takeover.Item{Kind: takeover.KindListener, UID: l.UID, Origin: l.Origin, ID: l.ID}, l.File)
+			if l.Slot != nil {
+				add(takeover.Item{Kind: takeover.KindSlot, ID: l.ID}, l.Slot)
+			}
 		}
 	}
 	held := d.srv.TakeHeld()
@@ -375,12 +447,22 @@ func (d *daemon) Handed(files []takeover.File) {
 	defer d.mu.Unlock()
 	takeover.CloseAll(files)
 	d.srv, d.agent = nil, nil
+	if d.store != nil {
+		// The next napitapd keeps everything in its own pod's holder; this
+		// pod's would keep queues attached that nobody reads.
+		d.store.m.Clear()
+		d.store.m.Close()
+	}
 	close(d.handed)
 }
 
 // stop is SIGTERM's: stop serving, close every fd and remove the sockets.
 // The processes under the agent's listeners get ENOSYS for TUNSETIFF from
-// then on; the state stays for the next napitapd.
+// then on; the state stays for the next napitapd. With an fd holder, the
+// holder's copies and the socket paths stay too: the kubelet restarts a
+// container whose liveness probe fails with SIGTERM, and the next
+// napitapd takes everything from the holder. If the whole pod goes, the
+// holder goes with it and the kernel closes the files.
 func (d *daemon) stop() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -393,6 +475,12 @@ func (d *daemon) stop() error {
 		return nil
 	}
 	close(d.sweepStop)
+	keepPaths := d.store != nil
+	for _, l := range []*net.UnixListener{d.hl, d.sl, d.tl} {
+		if l != nil {
+			l.SetUnlinkOnClose(!keepPaths)
+		}
+	}
 	d.hl.Close()
 	err := <-d.hDone
 	d.srv.Close()
@@ -400,11 +488,15 @@ func (d *daemon) stop() error {
 		d.sl.Close()
 		<-d.sDone
 		d.agent.Close()
-		os.Remove(d.o.SeccompSocket)
 	}
 	d.tl.Close()
-	os.Remove(takeover.Socket(d.o.StateDir))
-	os.Remove(d.o.Socket)
+	if keepPaths {
+		d.store.m.Close()
+	} else {
+		os.Remove(d.o.SeccompSocket)
+		os.Remove(takeover.Socket(d.o.StateDir))
+		os.Remove(d.o.Socket)
+	}
 	d.lock.Close()
 	return err
 }

@@ -47,6 +47,18 @@ type Options struct {
 	// AttachLevel is the log level of "attached with NAPI", one line per
 	// queue; Info when zero.
 	AttachLevel slog.Level
+	// Store keeps copies of the listeners outside napitapd; nil: none.
+	Store Store
+}
+
+// Store keeps copies of the agent's listeners outside napitapd's process
+// (pkg/fdstore, through pkg/daemon), so that a napitapd killed by SIGKILL
+// or the OOM killer loses none of them. Keep copies l.File through its
+// SyscallConn, not Fd, which would take the listener the agent serves out
+// of non-blocking mode.
+type Store interface {
+	Keep(l Listener)  // l.File and l.Slot are lent: the store copies what it keeps, before returning
+	Forget(id string) // the listener is done: every process under its filter has exited
 }
 
 // Agent answers TUNSETIFF notifications for any number of listeners, one
@@ -56,6 +68,7 @@ type Agent struct {
 	log         *slog.Logger
 	quota       unixsock.UIDQuota // listeners per sender uid
 	attachLevel slog.Level
+	store       Store
 
 	mu        sync.Mutex
 	listeners map[*os.File]string
@@ -82,7 +95,7 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	}
 	opts.MaxListenersPerUID = max(1, min(opts.MaxListenersPerUID, opts.MaxListeners/2))
 	return &Agent{
-		reg: reg, log: logger, attachLevel: opts.AttachLevel,
+		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store,
 		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
 		listeners: map[*os.File]string{},
 	}, nil
@@ -92,30 +105,52 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 // has exited. The agent owns fd from then on, error or not. uid is the
 // sender's, for its share of the listeners; origin names it in logs.
 func (a *Agent) Add(fd int, uid uint32, origin string) error {
-	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil || target != "anon_inode:seccomp notify" {
+	return a.add(fd, Listener{UID: uid, Origin: origin})
+}
+
+// add serves fd as l describes it (l.File aside); it owns fd and l.Slot.
+func (a *Agent) add(fd int, l Listener) error {
+	fail := func(format string, args ...any) error {
 		unix.Close(fd)
-		return fmt.Errorf("listener from %s: fd is %q, not a seccomp listener", origin, target)
+		if l.Slot != nil {
+			l.Slot.Close()
+		}
+		return fmt.Errorf("listener from %s: "+format, append([]any{l.Origin}, args...)...)
+	}
+	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil || target != "anon_inode:seccomp notify" {
+		return fail("fd is %q, not a seccomp listener", target)
 	}
 	// Non-blocking, so that os.NewFile hands it to Go's poller: a parked
 	// listener costs a goroutine, not a thread.
 	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return fmt.Errorf("listener from %s: %w", origin, err)
+		return fail("%w", err)
+	}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return fail("agent closed")
+	}
+	if ok, why := a.quota.Admit(l.UID); !ok {
+		a.mu.Unlock()
+		return fail("%w: %s (%d in all, %d per uid other than root)", ErrFull, why, a.quota.Max, a.quota.MaxPerUID)
 	}
 	f := os.NewFile(uintptr(fd), "seccomp-listener")
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		f.Close()
-		return fmt.Errorf("listener from %s: agent closed", origin)
-	}
-	if ok, why := a.quota.Admit(uid); !ok {
-		f.Close()
-		return fmt.Errorf("listener from %s: %w: %s (%d in all, %d per uid other than root)", origin, ErrFull, why, a.quota.Max, a.quota.MaxPerUID)
-	}
-	a.listeners[f] = origin
+	a.listeners[f] = l.Origin
 	a.wg.Add(1)
-	go a.serve(f, uid, origin)
+	a.mu.Unlock()
+
+	s := takeSlot(l.Slot, a.log.With("listener", l.Origin))
+	if l.ID == "" {
+		l.ID = newListenerID()
+	}
+	l.File, l.Slot = f, s.f
+	if a.store != nil {
+		// Before the goroutine, whose Forget must come after, and before
+		// Add returns: the sender's listener is in the holder by the time
+		// the socket's server reads the next message.
+		a.store.Keep(l)
+	}
+	go a.serve(l, s)
 	return nil
 }
 
@@ -126,8 +161,10 @@ func (a *Agent) Listeners() int {
 	return len(a.listeners)
 }
 
-// Close stops serving and closes every listener. The processes under them
-// get ENOSYS from then on for TUNSETIFF, as when napitapd dies.
+// Close stops serving and closes every listener and its slot. The
+// processes under them get ENOSYS from then on for TUNSETIFF, as when
+// napitapd dies, unless the Store keeps the listeners: then their
+// TUNSETIFFs wait for the next napitapd, which is why Close forgets none.
 func (a *Agent) Close() {
 	a.mu.Lock()
 	a.closed = true
@@ -144,23 +181,29 @@ func (a *Agent) isClosed() bool {
 	return a.closed
 }
 
-func (a *Agent) serve(f *os.File, uid uint32, origin string) {
+func (a *Agent) serve(l Listener, s *slot) {
 	defer a.wg.Done()
-	defer a.quota.Done(uid)
-	log := a.log.With("listener", origin)
+	defer a.quota.Done(l.UID)
+	f := l.File
+	log := a.log.With("listener", l.Origin)
 	exited := false
 	defer func() {
 		a.mu.Lock()
 		delete(a.listeners, f)
 		left := len(a.listeners)
 		if a.detaching && !exited {
-			a.detached = append(a.detached, Listener{File: f, UID: uid, Origin: origin})
+			l.Slot = s.release()
+			a.detached = append(a.detached, l)
 			a.mu.Unlock()
 			return
 		}
 		a.mu.Unlock()
 		f.Close()
+		s.close()
 		if exited {
+			if a.store != nil {
+				a.store.Forget(l.ID)
+			}
 			// Info: the pair of "serving seccomp listener", so that a
 			// node's log shows every listener let go.
 			log.Info("seccomp listener done: every process under its filter has exited", "listeners", left)
@@ -174,15 +217,30 @@ func (a *Agent) serve(f *os.File, uid uint32, origin string) {
 	a.mu.Lock()
 	hook := a.beforeReply
 	a.mu.Unlock()
-	var n seccompNotif
 	sock := newNetnsSocket()
 	defer sock.close()
 	recent := recentAttaches{}
+	// What a napitapd that died serving this listener left in its slot,
+	// before anything new: its last attach, for that TUNSETIFF's restart,
+	// and the notification it received and never answered, whose caller
+	// still waits (if the dead one attached its fd, that record answers
+	// 0).
+	if tid, q, ok := s.last(); ok {
+		recent.put(tid, q)
+	}
+	if n := s.notif(); n.ID != 0 {
+		_ = rc.Control(func(fd uintptr) {
+			if notifIDValid(int(fd), n.ID) {
+				log.Info("answering a TUNSETIFF the previous napitapd received and never answered", "pid", n.Pid)
+				a.answer(int(fd), s, sock, recent, hook, log)
+			}
+		})
+	}
 	for {
 		var got, hup bool
 		var recvErr error
 		err := rc.Read(func(fd uintptr) bool {
-			got, hup, recvErr = recvReady(int(fd), &n)
+			got, hup, recvErr = recvReady(int(fd), s.notif())
 			return got || hup || recvErr != nil
 		})
 		switch {
@@ -198,7 +256,7 @@ func (a *Agent) serve(f *os.File, uid uint32, origin string) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, sock, recent, hook, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), s, sock, recent, hook, log) })
 	}
 }
 
@@ -227,7 +285,9 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
+// answer answers the notification in s, which RECV wrote there.
+func (a *Agent) answer(listener int, s *slot, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
+	n := s.notif()
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.
@@ -237,7 +297,16 @@ func (a *Agent) answer(listener int, n *seccompNotif, sock *netnsSocket, recent 
 		}
 	}()
 	prev := recent.take(n.Pid)
-	v := a.decide(listener, n, sock, prev)
+	was := s.d.Last
+	v := a.decide(listener, n, sock, prev, s)
+	switch {
+	case v.queue != nil:
+		// In the slot before the answer: the next napitapd answers a
+		// caller this one attached and then died on 0, not EEXIST.
+		s.setLast(n.Pid, *v.queue)
+	case s.d.Last != was:
+		s.putLast(was) // decide announced an attach that did not happen
+	}
 	if v.gone {
 		if prev != nil {
 			recent.put(n.Pid, *prev) // interrupted again: still to restart

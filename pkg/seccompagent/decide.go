@@ -46,8 +46,10 @@ type ifreq struct {
 // or that it cannot read, is the kernel's to answer (CONTINUE), so the
 // caller sees what it would without napitapd.
 //
-// prev is the queue last attached for the same thread, if any.
-func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *attachedQueue) verdict {
+// prev is the queue last attached for the same thread, if any. The attach
+// is announced in s before it is made, so that no attach escapes the slot
+// however napitapd dies; answer takes it back if the attach fails.
+func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *attachedQueue, s *slot) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -148,6 +150,8 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	req.SetUint16(flags)
+	queue := &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}
+	s.setLast(n.Pid, *queue)
 	var persistent bool
 	err = threadcred.Run(creds, func() error {
 		// The caller's own open file: its fd number, FD_CLOEXEC and
@@ -189,7 +193,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		log.Warn("the caller's TUNSETIFF made a new tap, not napitap's: the name was replaced meanwhile", "net_admin", c.NetAdmin)
 	}
 	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
-	return verdict{queue: &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}}
+	return verdict{queue: queue}
 }
 
 func queueMode(mq bool) string {

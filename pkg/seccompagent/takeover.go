@@ -8,12 +8,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Listener is a seccomp listener as Detach hands it to the next napitapd:
-// the open file and what the agent knows of it.
+// Listener is a seccomp listener as Detach hands it to the next napitapd,
+// or the Store keeps it: the open file and what the agent knows of it.
 type Listener struct {
-	File   *os.File
+	File *os.File
+	// Slot is the memfd the agent receives the listener's notifications
+	// in (slot.go); nil from a napitapd that had none.
+	Slot   *os.File
 	UID    uint32 // the sender's, for its share of the listeners
 	Origin string // names it in logs
+	// ID names the listener for the Store; the agent makes one when it
+	// is empty.
+	ID string
 }
 
 // Detach stops serving every listener and returns them open, for another
@@ -23,7 +29,8 @@ type Listener struct {
 // answered is answered first; one that arrives meanwhile stays queued in
 // the kernel for the next holder. The agent serves nothing afterwards.
 //
-// What each listener remembered of the queues it attached (restart.go)
+// Each listener comes with its slot, the caller's, which carries the last
+// queue it attached (restart.go); what it remembered of the queues before
 // stays behind: a TUNSETIFF that a signal restarts exactly across the
 // takeover can get EEXIST from the kernel, as under a filter without
 // SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV before the agent remembered.
@@ -44,22 +51,31 @@ func (a *Agent) Detach() []Listener {
 	return out
 }
 
-// Adopt serves a listener another agent detached, as Add does (the same
-// checks, counted against l.UID's share). The agent owns l.File from then
-// on, error or not.
+// Adopt serves a listener another agent detached, or one the Store kept
+// of a napitapd that died, as Add does (the same checks, counted against
+// l.UID's share). The agent owns l.File and l.Slot from then on, error or
+// not. Before anything new it answers the notification the slot shows
+// received and not answered, whose caller still waits; a slot it cannot
+// trust is replaced by a fresh one.
 func (a *Agent) Adopt(l Listener) error {
 	defer l.File.Close()
+	fail := func(err error) error {
+		if l.Slot != nil {
+			l.Slot.Close()
+		}
+		return fmt.Errorf("listener from %s: %w", l.Origin, err)
+	}
 	rc, err := l.File.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("listener from %s: %w", l.Origin, err)
+		return fail(err)
 	}
 	fd, dupErr := -1, error(nil)
-	// A copy that Add owns: l.File's own fd belongs to the os.File.
+	// A copy that add owns: l.File's own fd belongs to the os.File.
 	if err := rc.Control(func(f uintptr) { fd, dupErr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return fmt.Errorf("listener from %s: %w", l.Origin, err)
+		return fail(err)
 	}
 	if dupErr != nil {
-		return fmt.Errorf("listener from %s: dup: %w", l.Origin, dupErr)
+		return fail(fmt.Errorf("dup: %w", dupErr))
 	}
-	return a.Add(fd, l.UID, l.Origin)
+	return a.add(fd, l)
 }

@@ -125,11 +125,17 @@ const retryInterval = 250 * time.Millisecond
 // does (offer set). One that cannot take over (no version in common, or no
 // takeover socket) says so and waits for the lock, that is for the other
 // to exit: never two on one state dir. A napitapd from before the lock
-// holds none: while a connection to socket (the hand-off socket it
-// serves) succeeds, Acquire waits for it too.
+// holds none, and made no lock file: on a state dir without one, while a
+// connection to socket (the hand-off socket it serves) succeeds, Acquire
+// waits for it too. Once the file exists, a free lock means that nobody
+// serves, even if a connection succeeds: the fd holder (pkg/fdstore) keeps
+// the sockets of a napitapd that died, and their backlogs take connections
+// for the next one.
 func Acquire(ctx context.Context, stateDir, socket string, log *slog.Logger) (lock *os.File, offer *Offer, err error) {
 	var said string
 	refused := false
+	_, statErr := os.Lstat(filepath.Join(stateDir, LockName))
+	preLock := errors.Is(statErr, os.ErrNotExist)
 	wait := func(why error) error {
 		if why.Error() != said {
 			said = why.Error()
@@ -145,7 +151,7 @@ func Acquire(ctx context.Context, stateDir, socket string, log *slog.Logger) (lo
 	for {
 		lock, err := TryLock(stateDir)
 		if err == nil {
-			if !answers(socket) {
+			if !preLock || !answers(socket) {
 				return lock, nil, nil
 			}
 			lock.Close()

@@ -54,7 +54,8 @@ const (
 const (
 	KindLock     = "lock"             // the state dir's lock (LockName)
 	KindSocket   = "socket"           // a listening socket, Name says which
-	KindListener = "seccomp-listener" // UID and Origin as the agent knew them
+	KindListener = "seccomp-listener" // UID, Origin and ID as the agent knew them
+	KindSlot     = "seccomp-slot"     // the slot of the listener ID (seccompagent.Listener)
 	KindQueue    = "queue"            // a held queue of the attachment Key
 )
 
@@ -64,6 +65,7 @@ type Item struct {
 	Name   string       `json:"name,omitempty"`
 	UID    uint32       `json:"uid,omitempty"`
 	Origin string       `json:"origin,omitempty"`
+	ID     string       `json:"id,omitempty"`
 	Key    *handoff.Key `json:"key,omitempty"`
 }
 

@@ -295,4 +295,26 @@ func TestAcquireNeverMakesTwoDaemonsOfOneStateDir(t *testing.T) {
 			t.Errorf("Acquire returned after %v, while the old one served", waited)
 		}
 	})
+	t.Run("with a lock file left by a napitapd that died and its socket kept by the fd holder it takes the lock at once", func(t *testing.T) {
+		dir := t.TempDir()
+		stateDir := filepath.Join(dir, "state")
+		dead, err := TryLock(stateDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead.Close()
+		socket := filepath.Join(dir, "napitapd.sock")
+		held, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got, offer, err := Acquire(ctx, stateDir, socket, quiet)
+		if err != nil || got == nil || offer != nil {
+			t.Fatalf("Acquire: %v, %v, %v; want the lock at once", got, offer, err)
+		}
+		got.Close()
+	})
 }

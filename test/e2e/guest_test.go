@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +33,7 @@ func TestMain(m *testing.M) {
 	cnitest.MainWithBinaries(m, &binDir, append([]string{
 		"github.com/napitap/napitap/plugins/napitap",
 		"github.com/napitap/napitap/cmd/napitapd",
+		"github.com/napitap/napitap/cmd/napitap-fdstore",
 		"github.com/napitap/napitap/cmd/napitapctl",
 	}, cnitest.ReferencePlugins...)...)
 }
@@ -40,6 +43,30 @@ func TestMain(m *testing.M) {
 // it by PID when the test ends.
 func startNapitapd(t *testing.T, netns string) *crihelp.Napitapd {
 	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), t.TempDir(), netns)
+}
+
+// startNapitapdWithHolder is startNapitapd beside an fd holder
+// (napitap-fdstore), as the DaemonSet's pod runs them: the holder outlives
+// the napitapd processes a test kills.
+func startNapitapdWithHolder(t *testing.T, netns string) *crihelp.Napitapd {
+	// Short: t.TempDir's path for a subtest would leave no room for the
+	// state dir's takeover.sock in sun_path's 108 bytes.
+	dir, err := os.MkdirTemp("", "napitapd-holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	socket := filepath.Join(dir, "fdstore.sock")
+	holder := exec.Command(filepath.Join(binDir, "napitap-fdstore"), "--socket", socket)
+	holder.Stdout, holder.Stderr = os.Stderr, os.Stderr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Signal(syscall.SIGTERM); _ = holder.Wait() })
+	if err := crihelp.Poll(5*time.Second, func() error { _, err := os.Stat(socket); return err }); err != nil {
+		t.Fatalf("napitap-fdstore: %v", err)
+	}
+	return crihelp.StartNapitapd(t, filepath.Join(binDir, "napitapd"), filepath.Join(dir, "napitapd"), netns, "--fdstore-socket", socket)
 }
 
 // TestGuestTrafficTakesTheNAPIPath boots a real guest on the tap of a pod
@@ -176,6 +203,7 @@ const bulk = 8 << 20
 type guestNet struct {
 	handoff string
 	kataDan bool
+	holder  bool // napitapd beside an fd holder
 }
 
 // runGuestTraffic adds bridge + napitap (2 queues, gro_flush_timeout
@@ -193,7 +221,11 @@ func runGuestTraffic(t *testing.T, gn guestNet, boot guestBoot) trafficResult {
 	handoffConf := `{"mode":"off"}`
 	var d *crihelp.Napitapd
 	if gn.handoff != config.HandoffOff {
-		d = startNapitapd(t, e.Host.Path())
+		if gn.holder {
+			d = startNapitapdWithHolder(t, e.Host.Path())
+		} else {
+			d = startNapitapd(t, e.Host.Path())
+		}
 		handoffConf = fmt.Sprintf(`{"mode":%q,"socket":%q,"required":true}`, gn.handoff, d.Socket)
 	}
 	napitap := `{"type":"napitap","queues":2,"groFlushTimeout":200000,"handoff":` + handoffConf

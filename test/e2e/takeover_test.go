@@ -89,21 +89,22 @@ func runOpener(specJSON string) int {
 	return 0
 }
 
-// takeOver starts a second napitapd on d's paths, waits for d to exit 0
-// and returns the second's log path. d's process stays unreaped for
-// crihelp's clean-up.
-func takeOver(t *testing.T, d *crihelp.Napitapd) string {
+// startNext starts another napitapd on d's paths and flags, in d's
+// netns (the node's, as the next pod of the DaemonSet, or d's container
+// restarted), logging to name beside d's log, and stops it when the test
+// ends. It returns the log's path.
+func startNext(t *testing.T, d *crihelp.Napitapd, name string) string {
 	t.Helper()
-	logPath := filepath.Join(filepath.Dir(d.LogPath), "napitapd-second.log")
+	logPath := filepath.Join(filepath.Dir(d.LogPath), name)
 	log, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// In the first one's netns, the node's, as the next pod of the DaemonSet.
-	cmd := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", d.Pid), "--",
-		filepath.Join(binDir, "napitapd"), "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
+	cmd := exec.Command(filepath.Join(binDir, "napitapd"), append([]string{"--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket}, d.Flags...)...)
+	if d.Netns != "" {
+		cmd = exec.Command("nsenter", append([]string{"--net=" + d.Netns, "--"}, cmd.Args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
-	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -113,9 +114,19 @@ func takeOver(t *testing.T, d *crihelp.Napitapd) string {
 		log.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
-			t.Logf("second napitapd log:\n%s", crihelp.Tail(string(b), 4000))
+			t.Logf("%s:\n%s", name, crihelp.Tail(string(b), 4000))
 		}
 	})
+	return logPath
+}
+
+// takeOver starts a second napitapd on d's paths, waits for d to exit 0
+// and returns the second's log path. d's process stays unreaped for
+// crihelp's clean-up.
+func takeOver(t *testing.T, d *crihelp.Napitapd) string {
+	t.Helper()
+	start := time.Now()
+	logPath := startNext(t, d, "napitapd-second.log")
 	// WNOWAIT: the status without reaping, which crihelp's clean-up does.
 	var info unix.Siginfo
 	exited := make(chan error, 1)
@@ -134,7 +145,7 @@ func takeOver(t *testing.T, d *crihelp.Napitapd) string {
 		t.Fatalf("the first napitapd ended with si_code %d status %d, want exit 0:\n%s", code, status, d.ReadLog())
 	}
 	var took []string
-	err = crihelp.Poll(5*time.Second, func() error {
+	err := crihelp.Poll(5*time.Second, func() error {
 		b, _ := os.ReadFile(logPath)
 		if took = regexp.MustCompile(`tookOver=true took=(\S+)`).FindStringSubmatch(string(b)); took == nil {
 			return fmt.Errorf("the second napitapd does not serve after a takeover:\n%s", b)

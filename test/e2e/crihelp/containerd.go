@@ -855,13 +855,15 @@ type Napitapd struct {
 	SeccompSocket string // where napitapctl launch and runc send seccomp listeners
 	LogPath       string
 	Pid           int
+	Flags         []string // beyond the paths above
+	Netns         string   // where it runs; empty: the test's
 }
 
 // StartNapitapd runs the napitapd binary bin with its sockets, state and log
 // in dir (never napitapd's node-wide defaults under /run/napitap, which a
 // real napitapd or another test may own) and stops it by PID when the test
-// ends.
-func StartNapitapd(t testing.TB, bin, dir, netns string) *Napitapd {
+// ends. flags are napitapd's beyond its paths.
+func StartNapitapd(t testing.TB, bin, dir, netns string, flags ...string) *Napitapd {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -871,12 +873,14 @@ func StartNapitapd(t testing.TB, bin, dir, netns string) *Napitapd {
 		StateDir:      filepath.Join(dir, "state"),
 		SeccompSocket: filepath.Join(dir, "seccomp.sock"),
 		LogPath:       filepath.Join(dir, "napitapd.log"),
+		Flags:         flags,
+		Netns:         netns,
 	}
 	log, err := os.Create(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket)
+	cmd := exec.Command(bin, append([]string{"--socket", d.Socket, "--state-dir", d.StateDir, "--seccomp-socket", d.SeccompSocket}, flags...)...)
 	if netns != "" {
 		// nsenter execs napitapd: the pid stays napitapd's.
 		cmd = exec.Command("nsenter", append([]string{"--net=" + netns, "--"}, cmd.Args...)...)
