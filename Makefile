@@ -149,7 +149,7 @@ bench: build tools
 	$(GO) run ./cmd/napitap-bench datapath --out docs/bench \
 		--from-json $(BIN)/bench/g2h/datapath.json,$(BIN)/bench/h2g/datapath.json,$(BIN)/bench/scale/datapath.json
 	$(GO) test -run '^$$' -bench TUNSETIFF -benchtime 2000x ./pkg/seccompagent/
-	$(GO) test -run '^$$' -bench Takeover -benchtime 20x ./cmd/napitapd/
+	$(GO) test -run '^$$' -bench 'Takeover|CrashRestart' -benchtime 20x ./cmd/napitapd/
 
 clean:
 	rm -rf $(BIN)

@@ -107,7 +107,7 @@ func runStorm(specJSON string) int {
 // startHolder serves an fd holder at path in the test's process, as the
 // DaemonSet's fdstore sidecar does beside napitapd: it outlives the
 // napitapd processes the test kills.
-func startHolder(t *testing.T, path string) {
+func startHolder(t testing.TB, path string) {
 	t.Helper()
 	l, err := fdstore.Listen(path)
 	if err != nil {

@@ -55,44 +55,8 @@ const (
 //
 //	sudo go test -run '^$' -bench Takeover -benchtime 20x ./cmd/napitapd/
 func BenchmarkTakeover(b *testing.B) {
-	nstest.RequireRoot(b)
-	pod := nstest.New(b, "takeover")
-	dir := b.TempDir()
-	p := paths{filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "seccomp.sock"), filepath.Join(dir, "state")}
-	cur := startNapitapdProc(b, p)
-	waitFile(b, p.socket)
-	waitFile(b, p.seccomp)
-
-	client := &handoff.Client{Socket: p.socket}
-	for i := range benchAttachments {
-		registerBenchAttachment(b, client, pod, i)
-	}
-	launchBenchListeners(b, p.seccomp, benchListeners)
-	for deadline := time.Now().Add(time.Minute); seccompListeners(b, cur.cmd.Process.Pid) != benchListeners; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			b.Fatalf("the first napitapd holds %d seccomp listeners, want %d", seccompListeners(b, cur.cmd.Process.Pid), benchListeners)
-		}
-	}
-
-	var polls, failures atomic.Int64
-	var firstFailure atomic.Value
-	stop, polled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(polled)
-		for t := time.NewTicker(10 * time.Millisecond); ; {
-			select {
-			case <-stop:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if _, err := client.List(); err != nil {
-				failures.Add(1)
-				firstFailure.CompareAndSwap(nil, err.Error())
-			}
-			polls.Add(1)
-		}
-	}()
+	p, cur, client := startBenchLoad(b, "takeover")
+	polls, failures, firstFailure, stopPolling := pollList(client)
 
 	var took, exited []time.Duration
 	for b.Loop() {
@@ -115,8 +79,7 @@ func BenchmarkTakeover(b *testing.B) {
 		// A rollout starts the next pod seconds later, not at once.
 		time.Sleep(100 * time.Millisecond)
 	}
-	close(stop)
-	<-polled
+	stopPolling()
 
 	if n := seccompListeners(b, cur.cmd.Process.Pid); n != benchListeners {
 		b.Errorf("after %d rounds the last napitapd holds %d seccomp listeners, want %d", len(took), n, benchListeners)
@@ -134,6 +97,108 @@ func BenchmarkTakeover(b *testing.B) {
 	b.ReportMetric(ms(percentile(exited, 50)), "exit-p50-ms")
 	b.ReportMetric(float64(failures.Load()), "list-errors")
 	b.ReportMetric(0, "ns/op") // a round's wall time includes process start-up, not the takeover's
+}
+
+// startBenchLoad starts a napitapd with flags and gives it the benchmarks'
+// load: benchAttachments attachments and benchListeners listeners.
+func startBenchLoad(b *testing.B, name string, flags ...string) (paths, *napitapd, *handoff.Client) {
+	nstest.RequireRoot(b)
+	pod := nstest.New(b, name)
+	dir := b.TempDir()
+	p := paths{filepath.Join(dir, "napitapd.sock"), filepath.Join(dir, "seccomp.sock"), filepath.Join(dir, "state")}
+	cur := startNapitapdProc(b, p, flags...)
+	waitFile(b, p.socket)
+	waitFile(b, p.seccomp)
+
+	client := &handoff.Client{Socket: p.socket}
+	for i := range benchAttachments {
+		registerBenchAttachment(b, client, pod, i)
+	}
+	launchBenchListeners(b, p.seccomp, benchListeners)
+	// With an fd holder, napitapd keeps a second copy of each for it.
+	want := benchListeners
+	if len(flags) > 0 {
+		want *= 2
+	}
+	for deadline := time.Now().Add(time.Minute); seccompListeners(b, cur.cmd.Process.Pid) != want; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("the first napitapd holds %d seccomp listener fds, want %d", seccompListeners(b, cur.cmd.Process.Pid), want)
+		}
+	}
+	return p, cur, client
+}
+
+// pollList lists the attachments every 10 ms until stop is called.
+func pollList(client *handoff.Client) (polls, failures *atomic.Int64, firstFailure *atomic.Value, stop func()) {
+	polls, failures, firstFailure = &atomic.Int64{}, &atomic.Int64{}, &atomic.Value{}
+	done, polled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(polled)
+		for t := time.NewTicker(10 * time.Millisecond); ; {
+			select {
+			case <-done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if _, err := client.List(); err != nil {
+				failures.Add(1)
+				firstFailure.CompareAndSwap(nil, err.Error())
+			}
+			polls.Add(1)
+		}
+	}()
+	return polls, failures, firstFailure, func() { close(done); <-polled }
+}
+
+// BenchmarkCrashRestart: each round SIGKILLs the running napitapd, which
+// holds the load of BenchmarkTakeover beside an fd holder, and starts the
+// next one at once, as the kubelet restarts a killed container. A round's
+// time runs from the SIGKILL to the next one serving, everything taken
+// back from the holder (its start-up included). A client lists the
+// attachments every 10 ms throughout: its requests wait in the kept
+// socket's backlog.
+//
+//	sudo go test -run '^$' -bench CrashRestart -benchtime 20x ./cmd/napitapd/
+func BenchmarkCrashRestart(b *testing.B) {
+	holder := filepath.Join(b.TempDir(), "fdstore.sock")
+	startHolder(b, holder)
+	p, cur, client := startBenchLoad(b, "crash", "--fdstore-socket", holder)
+	polls, failures, firstFailure, stopPolling := pollList(client)
+
+	var took []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		_ = cur.cmd.Process.Kill()
+		<-cur.done
+		next := startNapitapdProc(b, p, "--fdstore-socket", holder)
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(next.log.String(), "msg=serving"); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatalf("round %d: the next napitapd does not serve:\n%s", len(took)+1, next.log)
+			}
+		}
+		took = append(took, time.Since(start))
+		if log := next.log.String(); strings.Contains(log, "is lost") || strings.Contains(log, "not taken") || !strings.Contains(log, "fd holder: recovered") {
+			b.Fatalf("round %d: the next napitapd lost something:\n%s", len(took), log)
+		}
+		cur = next
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopPolling()
+
+	if n := seccompListeners(b, cur.cmd.Process.Pid); n != 2*benchListeners {
+		b.Errorf("after %d rounds the last napitapd holds %d seccomp listener fds, want two for each of %d", len(took), n, benchListeners)
+	}
+	checkBenchAttachments(b, client)
+	if n := failures.Load(); n > 0 {
+		b.Errorf("%d of %d lists failed through the crashes, the first: %v", n, polls.Load(), firstFailure.Load())
+	}
+	b.Logf("SIGKILL to the next napitapd serving, over %d rounds (ms): %s", len(took), millis(took))
+	b.Logf("%d lists of %d attachments during the rounds, %d failed", polls.Load(), benchAttachments, failures.Load())
+	b.ReportMetric(ms(percentile(took, 50)), "p50-ms")
+	b.ReportMetric(ms(percentile(took, 99)), "p99-ms")
+	b.ReportMetric(float64(failures.Load()), "list-errors")
+	b.ReportMetric(0, "ns/op")
 }
 
 // registerBenchAttachment makes attachment i's tap in pod and registers
