@@ -65,7 +65,12 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	if offer != nil {
 		files = offer.Files
 	} else if o.FDStore != "" {
-		files = append(files, recoverFiles(o.FDStore, logger)...)
+		recovered, err := recoverFiles(o.FDStore, logger)
+		if err != nil {
+			takeover.CloseAll(files)
+			return err
+		}
+		files = append(files, recovered...)
 	}
 	d := newDaemon(o, logger)
 	if err := d.prepare(files); err != nil {
@@ -75,6 +80,14 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 		}
 		takeover.CloseAll(files)
 		return err
+	}
+	if d.store != nil {
+		// Before answering anyone, and before the old napitapd of a
+		// takeover lets go: killed right after, this one leaves it all
+		// in the holder.
+		if err := d.store.m.Sync(); err != nil {
+			logger.Error("fd holder: not synced; a crash before it is back loses the listeners and held queues", "err", err)
+		}
 	}
 	if offer != nil {
 		if err := offer.Accept(); err != nil {
@@ -118,19 +131,25 @@ const holderWait = 5 * time.Second
 
 // recoverFiles gets back from the fd holder what a napitapd that died
 // left there: the holder keeps its copies until the new napitapd's first
-// sync drops what it did not take.
-func recoverFiles(path string, log *slog.Logger) []takeover.File {
+// sync drops what it did not take. With no holder there is nothing to
+// get back; a holder that does not answer may hold everything, and a
+// napitapd that served afresh would drop it at its first sync: better to
+// exit, and let the kubelet restart it.
+func recoverFiles(path string, log *slog.Logger) ([]takeover.File, error) {
 	entries, err := fdstore.Recover(path, holderWait)
+	if errors.Is(err, fdstore.ErrNoHolder) {
+		log.Warn("fd holder: none; serving afresh", "socket", path, "err", err)
+		return nil, nil
+	}
 	if err != nil {
-		log.Error("fd holder: nothing recovered; serving afresh", "socket", path, "err", err)
-		return nil
+		return nil, fmt.Errorf("fd holder %s: %w", path, err)
 	}
 	files, skipped := filesOf(entries)
 	if len(skipped) > 0 {
 		log.Warn("fd holder: entries napitapd does not know are left out", "entries", skipped)
 	}
 	log.Info("fd holder: recovered what the previous napitapd held", "entries", len(entries), "files", len(files))
-	return files
+	return files, nil
 }
 
 // Socket names in a takeover.
@@ -266,10 +285,32 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 			return err
 		}
 	}
-	d.tl, err = listener(sockets[sockTakeover], takeover.Socket(d.o.StateDir), func() (*net.UnixListener, error) {
+	if d.tl, err = listener(sockets[sockTakeover], takeover.Socket(d.o.StateDir), func() (*net.UnixListener, error) {
 		return takeover.Listen(d.o.StateDir)
-	})
-	return err
+	}); err != nil {
+		return err
+	}
+	if d.store != nil {
+		// The held queues are in already (AdoptHeld); the agent adopts
+		// the listeners only once serving, and keeps them again then.
+		for _, l := range d.listeners {
+			if l.ID != "" {
+				d.store.Keep(l)
+			}
+		}
+		for _, s := range []struct {
+			name string
+			l    *net.UnixListener
+		}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
+			if s.l == nil {
+				continue
+			}
+			if err := d.store.keepSocket(s.name, s.l); err != nil {
+				d.log.Error("fd holder: a crash would refuse connections until napitapd is back", "err", err)
+			}
+		}
+	}
+	return nil
 }
 
 // listener wraps a copy of inherited if it is the socket at path, else
@@ -321,6 +362,9 @@ func (d *daemon) serve() {
 		for _, l := range d.listeners {
 			if err := d.agent.Adopt(l); err != nil {
 				d.log.Error("takeover: a seccomp listener is lost: its processes get ENOSYS for TUNSETIFF", "listener", l.Origin, "err", err)
+				if d.store != nil && l.ID != "" {
+					d.store.Forget(l.ID) // or they would wait for ever
+				}
 			}
 		}
 		d.sDone = make(chan struct{})
@@ -331,19 +375,21 @@ func (d *daemon) serve() {
 			}
 		}(d.agent, d.sl, d.sDone)
 	}
-	d.listeners = nil
-	if d.store != nil {
-		for _, s := range []struct {
-			name string
-			l    *net.UnixListener
-		}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
-			if s.l == nil {
-				continue
+	if d.agent == nil {
+		// No agent to serve them (--seccomp-socket turned off): the
+		// processes under them get ENOSYS, not a wait for ever.
+		for _, l := range d.listeners {
+			l.File.Close()
+			if l.Slot != nil {
+				l.Slot.Close()
 			}
-			if err := d.store.keepSocket(s.name, s.l); err != nil {
-				d.log.Error("fd holder: a crash would refuse connections until napitapd is back", "err", err)
+			if d.store != nil && l.ID != "" {
+				d.store.Forget(l.ID)
 			}
 		}
+	}
+	d.listeners = nil
+	if d.store != nil {
 		d.storeStart.Do(d.store.m.Start)
 	}
 	d.hDone = make(chan error, 1)

@@ -77,21 +77,25 @@ func (s *holderStore) keepSocket(name string, l *net.UnixListener) error {
 // knows, or whose files do not match its kind, is left out and closed:
 // the holder's next sync drops it.
 func filesOf(entries []fdstore.Entry) (files []takeover.File, skipped []string) {
+	seen := map[string]bool{}
 	for _, e := range entries {
 		var item takeover.Item
 		err := json.Unmarshal(e.Meta, &item)
-		ok := err == nil && len(e.Files) > 0
+		ok := err == nil && len(e.Files) > 0 && !seen[e.Name]
+		// The name is the item's: two entries never make one listener
+		// (and one slot) twice.
 		switch {
 		case !ok:
 		case strings.HasPrefix(e.Name, entrySocket):
-			ok = item.Kind == takeover.KindSocket && len(e.Files) == 1
+			ok = item.Kind == takeover.KindSocket && len(e.Files) == 1 && e.Name == entrySocket+item.Name
 		case strings.HasPrefix(e.Name, entryListener):
-			ok = item.Kind == takeover.KindListener && item.ID != "" && len(e.Files) <= 2
+			ok = item.Kind == takeover.KindListener && item.ID != "" && len(e.Files) <= 2 && e.Name == entryListener+item.ID
 		case strings.HasPrefix(e.Name, entryQueues):
-			ok = item.Kind == takeover.KindQueue && item.Key != nil
+			ok = item.Kind == takeover.KindQueue && item.Key != nil && e.Name == entryQueues+item.Key.String()
 		default:
 			ok = false
 		}
+		seen[e.Name] = true
 		if !ok {
 			skipped = append(skipped, e.Name)
 			for _, f := range e.Files {

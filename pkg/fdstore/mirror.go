@@ -2,6 +2,7 @@ package fdstore
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -14,10 +15,11 @@ import (
 // restarted while napitapd runs): it keeps its own copies of every entry's
 // files, and puts them all again into a holder it reconnects to.
 //
-// Napitapd makes one, Puts what it adopted from Recover, then Starts it.
-// Put and Drop never fail: a holder that is not there is logged, and gets
-// everything on the next sync; one that refuses an entry (its MaxFiles) is
-// logged, and asked again on the next sync.
+// Napitapd makes one, Puts what it adopted from Recover, Syncs it before
+// it serves anyone, then Starts it. Put and Drop never fail: a holder that
+// is not there is logged, and gets everything on the next sync, which is
+// the next connection; one that refuses an entry (its MaxFiles) is logged,
+// and asked again on the next connection.
 type Mirror struct {
 	path string
 	log  *slog.Logger
@@ -98,7 +100,19 @@ func (m *Mirror) Clear() {
 		delete(m.entries, name)
 	}
 	if m.c == nil {
-		return // a holder that reconnects gets synced to nothing
+		// Close follows: no later sync would empty the holder.
+		c, err := Dial(m.path)
+		if err != nil {
+			m.log.Warn("fdstore: could not empty the holder: its copies stay until its pod goes", "err", err)
+			return
+		}
+		m.c = c
+		defer func() {
+			if m.c != nil {
+				m.c.Close()
+				m.c = nil
+			}
+		}()
 	}
 	held, err := m.c.List(false)
 	if err == nil {
@@ -123,6 +137,28 @@ func (m *Mirror) check(err error) {
 		m.c.Close()
 		m.c = nil
 	}
+}
+
+// Sync connects to the holder and syncs it now, unless connected
+// already: napitapd calls it before it serves anyone, so that what it
+// answers is in the holder (a fetch's queue gone from it, a register's
+// there) should it be killed right after.
+func (m *Mirror) Sync() error {
+	m.mu.Lock()
+	connected := m.c != nil
+	m.mu.Unlock()
+	if connected {
+		return nil
+	}
+	c, err := Dial(m.path)
+	if err != nil {
+		return err
+	}
+	if !m.sync(c) {
+		c.Close()
+		return fmt.Errorf("fdstore %s: sync failed", m.path)
+	}
+	return nil
 }
 
 // Start connects to the holder, and again whenever it is lost, in the
@@ -158,25 +194,35 @@ func (m *Mirror) Close() {
 func (m *Mirror) run() {
 	defer close(m.done)
 	var said string // the last dial error logged
-	for wait := time.Duration(0); ; wait = retry {
+	// At once, and at once again after a hang-up (a holder restarting is
+	// empty until synced); a second between failed attempts.
+	for wait := time.Duration(0); ; {
 		select {
 		case <-m.stopped:
 			return
 		case <-time.After(wait):
 		}
-		c, err := Dial(m.path)
-		if err != nil {
-			if err.Error() != said {
-				said = err.Error()
-				m.log.Warn("fdstore: no holder; retrying every second", "err", err)
+		m.mu.Lock()
+		c := m.c // Sync's
+		m.mu.Unlock()
+		if c == nil {
+			var err error
+			if c, err = Dial(m.path); err != nil {
+				if err.Error() != said {
+					said = err.Error()
+					m.log.Warn("fdstore: no holder; retrying every second", "err", err)
+				}
+				wait = retry
+				continue
 			}
-			continue
+			said = ""
+			if !m.sync(c) {
+				c.Close()
+				wait = retry
+				continue
+			}
 		}
-		said = ""
-		if !m.sync(c) {
-			c.Close()
-			continue
-		}
+		wait = 0
 		c.waitHangup()
 		m.mu.Lock()
 		if m.c == c {

@@ -125,17 +125,15 @@ const retryInterval = 250 * time.Millisecond
 // does (offer set). One that cannot take over (no version in common, or no
 // takeover socket) says so and waits for the lock, that is for the other
 // to exit: never two on one state dir. A napitapd from before the lock
-// holds none, and made no lock file: on a state dir without one, while a
+// holds none, and makes no lock file: on a state dir without one, while a
 // connection to socket (the hand-off socket it serves) succeeds, Acquire
-// waits for it too. Once the file exists, a free lock means that nobody
-// serves, even if a connection succeeds: the fd holder (pkg/fdstore) keeps
-// the sockets of a napitapd that died, and their backlogs take connections
-// for the next one.
+// waits for it too, and makes no lock file meanwhile. Once the file exists,
+// a free lock means that nobody serves, even if a connection succeeds: the
+// fd holder (pkg/fdstore) keeps the sockets of a napitapd that died, and
+// their backlogs take connections for the next one.
 func Acquire(ctx context.Context, stateDir, socket string, log *slog.Logger) (lock *os.File, offer *Offer, err error) {
 	var said string
 	refused := false
-	_, statErr := os.Lstat(filepath.Join(stateDir, LockName))
-	preLock := errors.Is(statErr, os.ErrNotExist)
 	wait := func(why error) error {
 		if why.Error() != said {
 			said = why.Error()
@@ -149,13 +147,13 @@ func Acquire(ctx context.Context, stateDir, socket string, log *slog.Logger) (lo
 		}
 	}
 	for {
-		lock, err := TryLock(stateDir)
-		if err == nil {
-			if !preLock || !answers(socket) {
-				return lock, nil, nil
-			}
-			lock.Close()
+		_, statErr := os.Lstat(filepath.Join(stateDir, LockName))
+		var lock *os.File
+		var err error
+		if errors.Is(statErr, os.ErrNotExist) && answers(socket) {
 			err = fmt.Errorf("a napitapd without the state dir's lock (one older than takeover) serves %s", socket)
+		} else if lock, err = TryLock(stateDir); err == nil {
+			return lock, nil, nil
 		} else if !errors.Is(err, ErrLocked) {
 			return nil, nil, err
 		} else if !refused {

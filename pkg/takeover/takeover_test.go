@@ -295,6 +295,24 @@ func TestAcquireNeverMakesTwoDaemonsOfOneStateDir(t *testing.T) {
 			t.Errorf("Acquire returned after %v, while the old one served", waited)
 		}
 	})
+	t.Run("a napitapd restarted while it waits for one from before the lock still waits", func(t *testing.T) {
+		dir := t.TempDir()
+		socket := filepath.Join(dir, "napitapd.sock")
+		l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for i := range 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+			got, _, err := Acquire(ctx, filepath.Join(dir, "state"), socket, quiet)
+			cancel()
+			if err == nil {
+				got.Close()
+				t.Fatalf("Acquire %d took the lock while the old napitapd served", i+1)
+			}
+		}
+	})
 	t.Run("with a lock file left by a napitapd that died and its socket kept by the fd holder it takes the lock at once", func(t *testing.T) {
 		dir := t.TempDir()
 		stateDir := filepath.Join(dir, "state")
