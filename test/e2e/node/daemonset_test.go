@@ -224,6 +224,7 @@ type daemonSetPod struct {
 	containerID string
 	pid         int // napitapd's, in the machine's pid namespace (hostPID)
 	log         string
+	servingAt   time.Time // when napitapd said it serves, after a rollout or a restart
 }
 
 // applyDeploy writes a kustomization of the test's own that takes deploy/
@@ -282,6 +283,7 @@ func (c *cluster) waitDaemonSet(timeout string) *daemonSetPod {
 				ContainerStatuses []struct {
 					Name, ContainerID string
 					Ready             bool
+					RestartCount      int
 				}
 			}
 		}
@@ -293,11 +295,13 @@ func (c *cluster) waitDaemonSet(timeout string) *daemonSetPod {
 		t.Fatalf("DaemonSet pods %+v, want one on node %s", list.Items, c.nodeName)
 	}
 	item := list.Items[0]
-	p := &daemonSetPod{name: item.Metadata.Name,
-		log: filepath.Join(c.root, "kubelet", "pod-logs", daemonSetNamespace+"_"+item.Metadata.Name+"_"+item.Metadata.UID, "napitapd", "0.log")}
+	p := &daemonSetPod{name: item.Metadata.Name}
 	for _, cs := range item.Status.ContainerStatuses {
 		if cs.Name == "napitapd" {
 			p.containerID = strings.TrimPrefix(cs.ContainerID, "containerd://")
+			// The kubelet names a container's log by its restart count.
+			p.log = filepath.Join(c.root, "kubelet", "pod-logs", daemonSetNamespace+"_"+item.Metadata.Name+"_"+item.Metadata.UID,
+				"napitapd", fmt.Sprintf("%d.log", cs.RestartCount))
 		}
 	}
 	var info struct {

@@ -69,6 +69,16 @@
 // agent; QEMU (TCG, uid 107) in its pods opens the tap by name, and GRO on
 // the guest's traffic proves NAPI, against a RuntimeDefault pod.
 //
+// TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd (issue 20)
+// runs a VM pod (QEMU with QMP, its guest up all along) and two fds-mode
+// pods through a kubectl rollout restart of the DaemonSet (a takeover) and
+// a SIGKILL of its napitapd (the kubelet restarts it and it takes back what
+// the pod's fd holder kept): after each, a NIC QEMU hot-plugs by name
+// (netdev_add, also once while napitapd is dead) gets NAPI queues that GRO
+// merges on, the held queues are still held and fetch as NAPI queues, and
+// pods created one every 1.5 s during each event all start; it prints the
+// takeover time and the time from the SIGKILL to napitapd serving again.
+//
 // Needs root, containerd 1.6, runc, nsenter, unshare, busybox and QEMU
 // (hack/deps.sh), crictl (hack/crictl.sh) and the build.sh and multus.sh
 // binaries, which the test builds if missing.
