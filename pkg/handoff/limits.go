@@ -14,8 +14,9 @@ import (
 
 // Every connection napitapd serves costs it a goroutine, the socket and a
 // pidfd of the peer. Unbounded, a member of the socket group could open
-// connections until napitapd runs out of memory or fds, and napitapd's
-// death closes every queue it holds. So it serves a bounded number.
+// connections until napitapd runs out of memory or fds, and a napitapd
+// that dies stalls every VM until it is back (its fd holder keeps the
+// queues, not the service). So it serves a bounded number.
 const (
 	// DefaultMaxConns: a node runs about 110 pods (kubelet's default
 	// max-pods), and ADD, DEL, GC and a VMM's fetch each hold a connection

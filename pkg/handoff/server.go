@@ -87,8 +87,9 @@ type entry struct {
 	sending chan struct{}
 }
 
-// NewServer loads the attachments recorded under stateDir. Their fds died
-// with the previous napitapd; fetch reopens them in the pod netns.
+// NewServer loads the attachments recorded under stateDir, holding no
+// fds: a takeover or the fd holder gives the previous napitapd's back
+// (AdoptHeld), else fetch reopens them in the pod netns.
 func NewServer(stateDir string, logger *slog.Logger) (*Server, error) {
 	if err := safefile.TrustedDir(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
