@@ -41,7 +41,7 @@ func main() {
 	flag.IntVar(&o.limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once; more are closed at once")
 	flag.IntVar(&o.limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one uid other than root may hold at once")
 	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
-	flag.StringVar(&o.fdstoreSocket, "fdstore-socket", "", "socket of the fd holder (napitap-fdstore) that keeps copies of the seccomp listeners, held queues and listening sockets, so that a napitapd killed by SIGKILL, the OOM killer or a liveness probe loses none; empty: no holder")
+	flag.StringVar(&o.fdstoreSocket, "fdstore-socket", "", "socket of the fd holder (napitap-fdstore) that keeps copies of the seccomp listeners, held queues and listening sockets, so that a napitapd killed by SIGKILL, the OOM killer or a liveness probe loses none; one holder per napitapd (the DaemonSet's pod-local sidecar), never shared; empty: no holder")
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.Parse()
 
