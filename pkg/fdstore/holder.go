@@ -63,19 +63,9 @@ func NewHolder(log *slog.Logger) *Holder {
 // Serve answers the clients that connect on l, each in its own goroutine,
 // until l is closed.
 func (h *Holder) Serve(l *net.UnixListener) error {
-	var delay time.Duration
-	for {
-		c, err := l.AcceptUnix()
-		if errors.Is(err, net.ErrClosed) {
-			return nil
-		}
-		if err != nil {
-			delay = unixsock.AcceptBackoff(delay)
-			h.log.Error("fdstore: accept failed, retrying", "err", err, "wait", delay)
-			time.Sleep(delay)
-			continue
-		}
-		delay = 0
+	return unixsock.Serve(l, func(err error, wait time.Duration) {
+		h.log.Error("fdstore: accept failed, retrying", "err", err, "wait", wait)
+	}, func(c *net.UnixConn) {
 		h.mu.Lock()
 		closed := h.closed
 		if !closed {
@@ -84,10 +74,10 @@ func (h *Holder) Serve(l *net.UnixListener) error {
 		h.mu.Unlock()
 		if closed {
 			c.Close()
-			continue
+			return
 		}
 		go h.serveConn(c)
-	}
+	})
 }
 
 // Close closes every connection and every fd held. The holder keeps

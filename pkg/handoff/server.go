@@ -150,26 +150,14 @@ func (s *Server) Serve(l *net.UnixListener) error {
 		}
 		s.log.Warn("keeping the default listen backlog", "socket", l.Addr().String(), "err", err)
 	}
-	var delay time.Duration
-	for {
-		conn, err := l.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Out of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
-			// that passes as connections close.
-			delay = unixsock.AcceptBackoff(delay)
-			if ok, n := s.conns.failures.Allow(); ok {
-				s.log.Error("accept failed, retrying", "err", err, "wait", delay, "failedSinceLastLine", n)
-			}
-			time.Sleep(delay)
-			continue
+	return unixsock.Serve(l, func(err error, wait time.Duration) {
+		if ok, n := s.conns.failures.Allow(); ok {
+			s.log.Error("accept failed, retrying", "err", err, "wait", wait, "failedSinceLastLine", n)
 		}
-		delay = 0
+	}, func(conn *net.UnixConn) {
 		uid, ok := s.admit(conn, lim)
 		if !ok {
-			continue
+			return
 		}
 		s.conns.track(conn)
 		go func() {
@@ -177,7 +165,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			defer s.conns.quota.Done(uid)
 			s.serveConn(conn)
 		}()
-	}
+	})
 }
 
 func (s *Server) serveConn(conn *net.UnixConn) {

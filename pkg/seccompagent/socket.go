@@ -91,26 +91,16 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 func (s *Server) Serve(l *net.UnixListener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	backoff := time.Duration(0)
-	for {
-		conn, err := l.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			backoff = unixsock.AcceptBackoff(backoff)
-			s.log.Error("seccomp socket accept", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
-			continue
-		}
-		backoff = 0
+	return unixsock.Serve(l, func(err error, wait time.Duration) {
+		s.log.Error("seccomp socket accept", "err", err, "retry_in", wait)
+	}, func(conn *net.UnixConn) {
 		cred, err := unixsock.PeerCred(conn)
 		if err != nil {
 			// Without a uid neither the connection nor its listener can
 			// be counted against one.
 			conn.Close()
 			s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
-			continue
+			return
 		}
 		if ok, why := s.conns.Admit(cred.Uid); !ok {
 			conn.Close()
@@ -118,7 +108,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 				s.log.Warn("seccomp socket: too many connections at once, closed", "reason", why,
 					"pid", cred.Pid, "uid", cred.Uid, "count", held+1)
 			}
-			continue
+			return
 		}
 		wg.Add(1)
 		go func() {
@@ -126,7 +116,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			defer s.conns.Done(cred.Uid)
 			s.serveConn(conn, cred)
 		}()
-	}
+	})
 }
 
 func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {

@@ -1,7 +1,6 @@
 package takeover
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -43,21 +42,9 @@ func Listen(stateDir string) (*net.UnixListener, error) {
 // Serve answers takeover requests on l, one at a time, until l is closed
 // (as Detach does, the socket being one of the files handed over).
 func Serve(l *net.UnixListener, h Handler, log *slog.Logger) error {
-	var delay time.Duration
-	for {
-		c, err := l.AcceptUnix()
-		if errors.Is(err, net.ErrClosed) {
-			return nil
-		}
-		if err != nil {
-			delay = unixsock.AcceptBackoff(delay)
-			log.Error("takeover socket: accept failed, retrying", "err", err, "wait", delay)
-			time.Sleep(delay)
-			continue
-		}
-		delay = 0
-		serveConn(c, h, log)
-	}
+	return unixsock.Serve(l, func(err error, wait time.Duration) {
+		log.Error("takeover socket: accept failed, retrying", "err", err, "wait", wait)
+	}, func(c *net.UnixConn) { serveConn(c, h, log) })
 }
 
 func serveConn(c *net.UnixConn, h Handler, log *slog.Logger) {

@@ -89,6 +89,29 @@ func (e *Every) Allow() (bool, int) {
 	return true, n
 }
 
+// Serve accepts on l until it is closed, and returns nil then. Each
+// connection goes to serve, in the accepting goroutine: serve starts its
+// own if it wants one. A failed accept (out of fds or memory: EMFILE,
+// ENFILE, ENOBUFS, ENOMEM, which pass as connections close) is reported to
+// failed with the wait before the next one (AcceptBackoff).
+func Serve(l *net.UnixListener, failed func(err error, wait time.Duration), serve func(*net.UnixConn)) error {
+	var delay time.Duration
+	for {
+		c, err := l.AcceptUnix()
+		if errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		if err != nil {
+			delay = AcceptBackoff(delay)
+			failed(err, delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		serve(c)
+	}
+}
+
 // AcceptBackoff is the wait after a failed accept (EMFILE and friends
 // pass as connections close): doubling from 5 ms up to 1 s, as net/http
 // does.
