@@ -298,19 +298,31 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 				d.store.Keep(l)
 			}
 		}
-		for _, s := range []struct {
-			name string
-			l    *net.UnixListener
-		}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
-			if s.l == nil {
-				continue
-			}
+		for _, s := range d.sockets() {
 			if err := d.store.keepSocket(s.name, s.l); err != nil {
 				d.log.Error("fd holder: a crash would refuse connections until napitapd is back", "err", err)
 			}
 		}
 	}
 	return nil
+}
+
+// namedSocket is a listening socket by its name in a takeover.
+type namedSocket struct {
+	name string
+	l    *net.UnixListener
+}
+
+// sockets are those napitapd listens on: the seccomp one only with an
+// agent.
+func (d *daemon) sockets() []namedSocket {
+	var out []namedSocket
+	for _, s := range []namedSocket{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
+		if s.l != nil {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // listener wraps a copy of inherited if it is the socket at path, else
@@ -334,11 +346,9 @@ func listener(inherited *os.File, path string, listen func() (*net.UnixListener,
 // discard closes what prepare made, and leaves the socket paths alone:
 // they may be the old napitapd's.
 func (d *daemon) discard() {
-	for _, l := range []*net.UnixListener{d.hl, d.sl, d.tl} {
-		if l != nil {
-			l.SetUnlinkOnClose(false)
-			l.Close()
-		}
+	for _, s := range d.sockets() {
+		s.l.SetUnlinkOnClose(false)
+		s.l.Close()
 	}
 	for _, l := range d.listeners {
 		l.File.Close()
@@ -427,13 +437,7 @@ func (d *daemon) Detach() []takeover.File {
 	var files []takeover.File
 	add := func(item takeover.Item, f *os.File) { files = append(files, takeover.File{Item: item, File: f}) }
 	add(takeover.Item{Kind: takeover.KindLock}, d.lock)
-	for _, s := range []struct {
-		name string
-		l    *net.UnixListener
-	}{{sockHandoff, d.hl}, {sockSeccomp, d.sl}, {sockTakeover, d.tl}} {
-		if s.l == nil {
-			continue
-		}
+	for _, s := range d.sockets() {
 		f, err := s.l.File()
 		if err != nil {
 			d.log.Error("takeover: the next napitapd binds this socket anew", "socket", s.l.Addr().String(), "err", err)
@@ -522,10 +526,8 @@ func (d *daemon) stop() error {
 	}
 	close(d.sweepStop)
 	keepPaths := d.store != nil
-	for _, l := range []*net.UnixListener{d.hl, d.sl, d.tl} {
-		if l != nil {
-			l.SetUnlinkOnClose(!keepPaths)
-		}
+	for _, s := range d.sockets() {
+		s.l.SetUnlinkOnClose(!keepPaths)
 	}
 	d.hl.Close()
 	err := <-d.hDone
