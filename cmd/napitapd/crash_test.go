@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +19,6 @@ import (
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/fdstore"
 	"github.com/napitap/napitap/pkg/handoff"
-	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/pkg/seccompagent"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
@@ -303,25 +300,6 @@ func TestASIGKILLedNapitapdLosesNothingToItsHolder(t *testing.T) {
 	if err != nil || held[heldKey] != 2 {
 		t.Fatalf("List after the crashes: %+v, %v; want %s holding its 2 queues", atts, err, heldKey)
 	}
-	_, fetched, err := client.Fetch(&heldKey)
-	if err != nil {
-		t.Fatalf("Fetch after the crashes: %v", err)
-	}
-	defer tapsetup.CloseQueues(fetched)
-	res, err := napiprobe.RunQueue(fetched[0], 16, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Merged() {
-		t.Errorf("a held queue fetched after two crashes: %s", res)
-	} else {
-		t.Logf("a held queue fetched after two crashes: %s", res)
-	}
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
-	if d.err != nil && !errors.Is(d.err, os.ErrProcessDone) {
-		t.Errorf("the last napitapd after SIGTERM: %v", d.err)
-	}
+	probeFetched(t, client, heldKey, "two crashes")
+	d.stop(t, "the last napitapd")
 }

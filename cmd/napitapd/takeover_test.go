@@ -215,9 +215,19 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 	if err != nil || len(atts) != 1 || atts[0].Held != 2 {
 		t.Fatalf("List from the second napitapd: %+v, %v; want %s holding 2 queues", atts, err, key)
 	}
+	probeFetched(t, client, key, "the takeover")
+
+	// SIGTERM still stops the second napitapd in order.
+	second.stop(t, "the second napitapd")
+}
+
+// probeFetched fetches key's held queues and wants the first to be a NAPI
+// queue: GRO merges what is written into it.
+func probeFetched(t *testing.T, client *handoff.Client, key handoff.Key, after string) {
+	t.Helper()
 	_, fetched, err := client.Fetch(&key)
 	if err != nil {
-		t.Fatalf("Fetch from the second napitapd: %v", err)
+		t.Fatalf("Fetch after %s: %v", after, err)
 	}
 	defer tapsetup.CloseQueues(fetched)
 	res, err := napiprobe.RunQueue(fetched[0], 16, 1000)
@@ -225,18 +235,21 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !res.Merged() {
-		t.Errorf("a held queue fetched after the takeover: %s", res)
+		t.Errorf("a held queue fetched after %s: %s", after, res)
 	} else {
-		t.Logf("a held queue fetched after the takeover: %s", res)
+		t.Logf("a held queue fetched after %s: %s", after, res)
 	}
+}
 
-	// SIGTERM still stops the second napitapd in order.
-	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+// stop SIGTERMs d and wants it to exit 0.
+func (d *napitapd) stop(t *testing.T, what string) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-second.done
-	if second.err != nil {
-		t.Errorf("the second napitapd after SIGTERM: %v", second.err)
+	<-d.done
+	if d.err != nil {
+		t.Errorf("%s after SIGTERM: %v", what, d.err)
 	}
 }
 
