@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -16,7 +14,6 @@ import (
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/crihelp"
-	"github.com/napitap/napitap/test/e2e/vm"
 )
 
 // crash SIGKILLs d's napitapd, runs during while none serves, then starts
@@ -59,52 +56,22 @@ func crash(t *testing.T, d *crihelp.Napitapd, during func()) string {
 func TestACrashUnderARunningGuestLosesNothing(t *testing.T) {
 	t.Run("QEMU by name under napitapctl launch keeps its NAPI queues, and a queue opened by name while napitapd is dead waits, then gets NAPI", func(t *testing.T) {
 		var nextLog string
-		var opener openerResult
+		var opened openerResult
 		r := runGuestTraffic(t, guestNet{handoff: config.HandoffIntercept, holder: true}, func(t *testing.T, b bootSpec) guestVM {
-			dir := t.TempDir()
-			spec, _ := json.Marshal(openerSpec{Tap: b.Tap, Wait: filepath.Join(dir, "open"), Out: filepath.Join(dir, "opened.json")})
-			argv := append([]string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--",
-				"nsenter", "--net=" + b.TapNetns.Path(), "--",
-				"sh", "-c", `env ` + openerEnv + `="$1" "$2" -test.run='^$' & shift 2; exec "$@"`, "sh", string(spec), os.Args[0]},
-				vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)...)
-			v := startVM(t, argv, b.Serial)
-			err := crihelp.Poll(30*time.Second, func() error {
-				if n := agentAttaches(t, b.Daemon); n < 2 {
-					return fmt.Errorf("napitapd attached %d of QEMU's 2 queues", n)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			v, o := bootQEMUWithOpener(t, b)
 			nextLog = crash(t, b.Daemon, func() {
 				// The opener's TUNSETIFF goes to a listener nobody serves
 				// but the holder keeps: it waits instead of failing.
-				if err := os.WriteFile(filepath.Join(dir, "open"), nil, 0o600); err != nil {
-					t.Fatal(err)
-				}
+				o.open(t)
 				time.Sleep(time.Second)
-				if _, err := os.Stat(filepath.Join(dir, "opened.json")); err == nil {
+				if o.finished() {
 					t.Error("the opener finished while no napitapd ran: its TUNSETIFF did not wait")
 				}
 			})
-			err = crihelp.Poll(30*time.Second, func() error {
-				out, err := os.ReadFile(filepath.Join(dir, "opened.json"))
-				if err == nil {
-					err = json.Unmarshal(out, &opener)
-				}
-				return err
-			})
-			if err != nil {
-				t.Fatalf("the queue opened while napitapd was dead: %v", err)
-			}
+			opened = o.result(t, "while napitapd was dead")
 			return v
 		})
-		if opener.Err != "" || opener.Flags&unix.IFF_NAPI == 0 || !opener.Merged {
-			t.Errorf("queue opened by name while napitapd was dead: %+v; want IFF_NAPI and merged", opener)
-		} else {
-			t.Logf("queue opened by name while napitapd was dead: flags 0x%x, %s", opener.Flags, opener.Probe)
-		}
+		opened.check(t, "while napitapd was dead")
 		if !r.merged() {
 			t.Errorf("the guest's segments after the crash were not merged (longest frame %d)", r.maxLen)
 		}

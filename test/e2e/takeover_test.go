@@ -120,6 +120,75 @@ func startNext(t *testing.T, d *crihelp.Napitapd, name string) string {
 	return logPath
 }
 
+// opener is a process beside QEMU under the same napitapctl launch that
+// opens one more queue of the tap by name when told (runOpener).
+type opener struct{ dir string }
+
+// bootQEMUWithOpener boots QEMU opening b.Tap by name under napitapctl
+// launch, with an opener beside it (one launch, one filter, one
+// listener), and waits until napitapd attached QEMU's 2 queues.
+func bootQEMUWithOpener(t *testing.T, b bootSpec) (guestVM, *opener) {
+	t.Helper()
+	o := &opener{dir: t.TempDir()}
+	spec, _ := json.Marshal(openerSpec{Tap: b.Tap, Wait: filepath.Join(o.dir, "open"), Out: filepath.Join(o.dir, "opened.json")})
+	argv := append([]string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--",
+		"nsenter", "--net=" + b.TapNetns.Path(), "--",
+		"sh", "-c", `env ` + openerEnv + `="$1" "$2" -test.run='^$' & shift 2; exec "$@"`, "sh", string(spec), os.Args[0]},
+		vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)...)
+	v := startVM(t, argv, b.Serial)
+	err := crihelp.Poll(30*time.Second, func() error {
+		if n := agentAttaches(t, b.Daemon); n < 2 {
+			return fmt.Errorf("napitapd attached %d of QEMU's 2 queues", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, o
+}
+
+// open tells the opener to open its queue.
+func (o *opener) open(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(o.dir, "open"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// finished: the opener wrote its result.
+func (o *opener) finished() bool {
+	_, err := os.Stat(filepath.Join(o.dir, "opened.json"))
+	return err == nil
+}
+
+// result waits for what the opener saw of the queue it opened when.
+func (o *opener) result(t *testing.T, when string) openerResult {
+	t.Helper()
+	var r openerResult
+	err := crihelp.Poll(30*time.Second, func() error {
+		out, err := os.ReadFile(filepath.Join(o.dir, "opened.json"))
+		if err == nil {
+			err = json.Unmarshal(out, &r)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the queue opened %s: %v", when, err)
+	}
+	return r
+}
+
+// check wants the queue opened when a NAPI queue that GRO merges in.
+func (r openerResult) check(t *testing.T, when string) {
+	t.Helper()
+	if r.Err != "" || r.Flags&unix.IFF_NAPI == 0 || !r.Merged {
+		t.Errorf("queue opened by name %s: %+v; want IFF_NAPI and merged", when, r)
+	} else {
+		t.Logf("queue opened by name %s: flags 0x%x, %s", when, r.Flags, r.Probe)
+	}
+}
+
 // takeOver starts a second napitapd on d's paths, waits for d to exit 0
 // and returns the second's log path. d's process stays unreaped for
 // crihelp's clean-up.
@@ -165,46 +234,15 @@ func takeOver(t *testing.T, d *crihelp.Napitapd) string {
 func TestATakeoverUnderARunningGuestLosesNothing(t *testing.T) {
 	t.Run("QEMU by name under napitapctl launch keeps its NAPI queues, and a queue opened by name after the takeover gets NAPI through the same listener", func(t *testing.T) {
 		var secondLog string
-		var opener openerResult
+		var opened openerResult
 		r := runGuestTraffic(t, guestNet{handoff: config.HandoffIntercept}, func(t *testing.T, b bootSpec) guestVM {
-			dir := t.TempDir()
-			spec, _ := json.Marshal(openerSpec{Tap: b.Tap, Wait: filepath.Join(dir, "open"), Out: filepath.Join(dir, "opened.json")})
-			// One launch, one filter, one listener: QEMU and the opener.
-			argv := append([]string{filepath.Join(binDir, "napitapctl"), "launch", "--seccomp-socket", b.Daemon.SeccompSocket, "--",
-				"nsenter", "--net=" + b.TapNetns.Path(), "--",
-				"sh", "-c", `env ` + openerEnv + `="$1" "$2" -test.run='^$' & shift 2; exec "$@"`, "sh", string(spec), os.Args[0]},
-				vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)...)
-			v := startVM(t, argv, b.Serial)
-			err := crihelp.Poll(30*time.Second, func() error {
-				if n := agentAttaches(t, b.Daemon); n < 2 {
-					return fmt.Errorf("the first napitapd attached %d of QEMU's 2 queues", n)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			v, o := bootQEMUWithOpener(t, b)
 			secondLog = takeOver(t, b.Daemon)
-			if err := os.WriteFile(filepath.Join(dir, "open"), nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			err = crihelp.Poll(30*time.Second, func() error {
-				out, err := os.ReadFile(filepath.Join(dir, "opened.json"))
-				if err == nil {
-					err = json.Unmarshal(out, &opener)
-				}
-				return err
-			})
-			if err != nil {
-				t.Fatalf("the queue opened after the takeover: %v", err)
-			}
+			o.open(t)
+			opened = o.result(t, "after the takeover")
 			return v
 		})
-		if opener.Err != "" || opener.Flags&unix.IFF_NAPI == 0 || !opener.Merged {
-			t.Errorf("queue opened by name after the takeover: %+v; want IFF_NAPI and merged", opener)
-		} else {
-			t.Logf("queue opened by name after the takeover: flags 0x%x, %s", opener.Flags, opener.Probe)
-		}
+		opened.check(t, "after the takeover")
 		if !r.merged() {
 			t.Errorf("the guest's segments after the takeover were not merged (longest frame %d)", r.maxLen)
 		}
