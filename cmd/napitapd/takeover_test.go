@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/pkg/seccompagent"
@@ -39,28 +38,10 @@ func init() {
 	}
 }
 
-// syncBuf is a log written by one process and read by the test.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuf) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuf) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // napitapd is a napitapd process of the test's.
 type napitapd struct {
 	cmd  *exec.Cmd
-	log  *syncBuf
+	log  *syncbuf.Buffer
 	done chan struct{} // closed at its exit, with err
 	err  error
 }
@@ -73,7 +54,7 @@ func startNapitapdProc(t testing.TB, p paths, flags ...string) *napitapd {
 	args := append([]string{"-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state}, flags...)
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
-	d := &napitapd{cmd: cmd, log: &syncBuf{}, done: make(chan struct{})}
+	d := &napitapd{cmd: cmd, log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package fdstore
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -82,26 +82,8 @@ func TestHelperProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-// logBuf keeps a holder's log for assertions.
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *logBuf) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *logBuf) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
-func testLog(t testing.TB) (*slog.Logger, *logBuf) {
-	var buf logBuf
+func testLog(t testing.TB) (*slog.Logger, *syncbuf.Buffer) {
+	var buf syncbuf.Buffer
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log:\n%s", buf.String())
@@ -112,7 +94,7 @@ func testLog(t testing.TB) (*slog.Logger, *logBuf) {
 
 // serve runs a holder on path until stop (or the test's end), which closes
 // its socket and every fd it holds, as the holder's SIGTERM does.
-func serve(t testing.TB, path string, maxFiles int) (h *Holder, log *logBuf, stop func()) {
+func serve(t testing.TB, path string, maxFiles int) (h *Holder, log *syncbuf.Buffer, stop func()) {
 	t.Helper()
 	l, err := Listen(path)
 	if err != nil {

@@ -2,7 +2,6 @@ package handoff_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/handoff"
 )
 
@@ -42,25 +42,8 @@ const (
 type napitapd struct {
 	pid    int
 	socket string
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // startNapitapd builds cmd/napitapd and runs it on a 0660 socket of group
@@ -72,7 +55,7 @@ func startNapitapd(t *testing.T, args ...string) *napitapd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(bin) })
-	d := &napitapd{socket: filepath.Join(sharedSockDir(t), "napitapd.sock"), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	d := &napitapd{socket: filepath.Join(sharedSockDir(t), "napitapd.sock"), stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd := exec.Command(filepath.Join(bin, "napitapd"), append([]string{
 		"--socket", d.socket, "--socket-mode", "0660", "--socket-group", strconv.Itoa(floodSocketGroup),
 		"--state-dir", filepath.Join(t.TempDir(), "state"), "--sweep-interval", "1h",
@@ -213,7 +196,7 @@ type flooder struct {
 	cmd   *exec.Cmd
 	in    io.WriteCloser
 	out   *bufio.Scanner
-	stder *lockedBuffer
+	stder *syncbuf.Buffer
 }
 
 func startFlooder(t *testing.T, socket string, idle, attempts int) (*flooder, floodReport) {
@@ -224,7 +207,7 @@ func startFlooder(t *testing.T, socket string, idle, attempts int) (*flooder, fl
 	cmd.Env = append(os.Environ(), floodEnv+"=1", "NAPITAP_FLOOD_SOCKET="+socket,
 		fmt.Sprintf("NAPITAP_FLOOD_IDLE=%d", idle), fmt.Sprintf("NAPITAP_FLOOD_ATTEMPTS=%d", attempts),
 		fmt.Sprintf("NAPITAP_FLOOD_UID=%d", floodUID), fmt.Sprintf("NAPITAP_FLOOD_GID=%d", floodSocketGroup))
-	f := &flooder{cmd: cmd, stder: &lockedBuffer{}}
+	f := &flooder{cmd: cmd, stder: &syncbuf.Buffer{}}
 	cmd.Stderr = f.stder
 	var err error
 	if f.in, err = cmd.StdinPipe(); err != nil {

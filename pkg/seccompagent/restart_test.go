@@ -1,7 +1,6 @@
 package seccompagent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -39,7 +38,7 @@ func TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST(t *testing.T) {
 	}
 	var reg MapRegistry
 	reg.Set(netnsID, tap, Target{Key: "restart-test/net1", NAPI: true, MultiQueue: true})
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	agent, err := New(&reg, slog.New(slog.NewTextHandler(logs, nil)), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -280,29 +279,4 @@ func makePersistentTap(name string) error {
 		return fmt.Errorf("TUNSETIFF %s: %w", name, err)
 	}
 	return unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1)
-}
-
-// syncBuffer is a log sink the agent's goroutines write while the test
-// reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
 }

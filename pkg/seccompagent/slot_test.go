@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
@@ -36,7 +37,7 @@ func TestANotificationReceivedByADeadAgentIsAnsweredByTheNext(t *testing.T) {
 	dead := receiveInSlot(t, listener)
 	expectBlocked(t, res)
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	store := &recordingStore{t: t}
 	agent := newSlotTestAgent(t, reg, logs, store)
 	deadIno := inode(t, dead.f)
@@ -80,7 +81,7 @@ func TestACallerAttachedByADeadAgentGetsZeroNotEEXIST(t *testing.T) {
 			listener, res := callerUnderFilter(t, pod, tap)
 			dead := receiveInSlot(t, listener)
 			// What the dying agent's answer does up to NOTIF_SEND.
-			deadLogs := &syncBuffer{}
+			deadLogs := &syncbuf.Buffer{}
 			deadAgent := newSlotTestAgent(t, reg, deadLogs, nil)
 			sock := newNetnsSocket()
 			rc, err := listener.SyscallConn()
@@ -102,7 +103,7 @@ func TestACallerAttachedByADeadAgentGetsZeroNotEEXIST(t *testing.T) {
 			deadAgent.Close()
 			expectBlocked(t, res)
 
-			logs := &syncBuffer{}
+			logs := &syncbuf.Buffer{}
 			agent := newSlotTestAgent(t, reg, logs, nil)
 			if err := agent.Adopt(Listener{File: listener, Slot: dead.release(), Origin: "a napitapd that died"}); err != nil {
 				t.Fatalf("Adopt: %v", err)
@@ -171,7 +172,7 @@ func TestASlotThatIsNotATrustedMemfdIsReplacedAndTheListenerServed(t *testing.T)
 			given := tc.make(t)
 			givenIno := inode(t, given)
 			listener, res := callerUnderFilter(t, pod, tap)
-			logs := &syncBuffer{}
+			logs := &syncbuf.Buffer{}
 			store := &recordingStore{t: t}
 			agent := newSlotTestAgent(t, reg, logs, store)
 			if err := agent.Adopt(Listener{File: listener, Slot: given, Origin: "test"}); err != nil {
@@ -206,7 +207,7 @@ func TestASlotThatIsNotATrustedMemfdIsReplacedAndTheListenerServed(t *testing.T)
 func TestTheStoreKeepsAListenerFromAddOrAdoptUntilItsProcessesExit(t *testing.T) {
 	nstest.RequireRoot(t)
 	before := openFDs(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	oldStore, newStore := &recordingStore{t: t}, &recordingStore{t: t}
 	old := newSlotTestAgent(t, &MapRegistry{}, logs, oldStore)
 	next := newSlotTestAgent(t, &MapRegistry{}, logs, newStore)
@@ -301,7 +302,7 @@ func slotTestPod(t *testing.T, role string) (string, string, *MapRegistry) {
 	return pod.Path(), tap, reg
 }
 
-func newSlotTestAgent(t *testing.T, reg Registry, logs *syncBuffer, store Store) *Agent {
+func newSlotTestAgent(t *testing.T, reg Registry, logs *syncbuf.Buffer, store Store) *Agent {
 	t.Helper()
 	a, err := New(reg, slog.New(slog.NewTextHandler(logs, nil)), Options{Store: store})
 	if err != nil {
