@@ -15,10 +15,19 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/napitap/napitap/pkg/fdstore"
 )
 
 func main() {
+	// First: it holds every listener and queue of napitapd's, and runs
+	// with no capability, so a dumpable holder would be open to any uid-0
+	// process through /proc/PID/fd and /proc/PID/root (docs/threat-model.md).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		slog.Error("napitap-fdstore: prctl(PR_SET_DUMPABLE, 0)", "err", err)
+		os.Exit(1)
+	}
 	socket := flag.String("socket", fdstore.DefaultSocket, "the unix socket napitapd connects to")
 	maxFiles := flag.Int("max-files", fdstore.DefaultMaxFiles, "the most fds held, in all entries")
 	flag.Parse()

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/pkg/seccompagent"
@@ -49,6 +51,11 @@ func printUsage() {
   napitapctl [--socket PATH] list
       What napitapd holds: MAC is the guest's, HELD the queue fds napitapd
       holds now (0 after a fetch, until the next fetch reopens them).
+  napitapctl [--socket PATH] ready
+      Exit 0 only if the napitapd answering on the socket runs in this
+      process's container (the same mount namespace): the DaemonSet's
+      readiness probe, which a pod whose napitapd has not taken over from
+      the old pod's must fail, however well the old one answers.
   napitapctl probe [FDS]
       Diagnostic, run by exec: napitapctl exec -- napitapctl probe {fds}.
       Write 16 in-order TCP segments into the first queue fd of FDS
@@ -96,6 +103,13 @@ func main() {
 	if flag.NArg() == 0 {
 		usage()
 	}
+	switch flag.Arg(0) {
+	case "install-plugin", "seccomp-profile":
+		// They write into host dirs (the CNI bin dir, the kubelet's
+		// seccomp dir): a uid-0 process without CAP_SYS_PTRACE must not
+		// reach them through /proc/PID/root (docs/threat-model.md).
+		notDumpable()
+	}
 	var err error
 	switch flag.Arg(0) {
 	case "exec":
@@ -106,6 +120,8 @@ func main() {
 		err = list(client, flag.Args()[1:])
 	case "probe":
 		err = probe(flag.Args()[1:])
+	case "ready":
+		err = ready(client, flag.Args()[1:])
 	case "seccomp-profile":
 		err = seccompProfile(flag.Args()[1:])
 	case "install-plugin":
@@ -117,6 +133,15 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "napitapctl:", explain(err, client.Socket))
+		os.Exit(1)
+	}
+}
+
+// notDumpable makes this process's /proc entries (fd, root, mem) closed
+// to any process without CAP_SYS_PTRACE, root or not.
+func notDumpable() {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "napitapctl: prctl(PR_SET_DUMPABLE, 0):", err)
 		os.Exit(1)
 	}
 }
@@ -252,6 +277,28 @@ func list(client *handoff.Client, args []string) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
 	}
 	return w.Flush()
+}
+
+// ready: the napitapd that answers is this container's own.
+func ready(client *handoff.Client, args []string) error {
+	fs := subFlags("ready")
+	fs.Parse(args)
+	if fs.NArg() != 0 {
+		usageError("ready takes no arguments, got %q", fs.Args())
+	}
+	theirs, err := client.Status()
+	if err != nil {
+		return err
+	}
+	ours, err := handoff.OwnStatus()
+	if err != nil {
+		return err
+	}
+	if theirs.MountNS != ours.MountNS {
+		return fmt.Errorf("not ready: %s is served by napitapd pid %d of another container (mount namespace %d, this one's is %d): this container's napitapd has not taken over", client.Socket, theirs.Pid, theirs.MountNS, ours.MountNS)
+	}
+	fmt.Printf("ready: napitapd pid %d, of this container, serves %s\n", theirs.Pid, client.Socket)
+	return nil
 }
 
 // probe runs napiprobe on the first of fds ("3:4:..." or "3,4,...", as

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/napitap/napitap/pkg/daemon"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
@@ -53,6 +55,11 @@ func main() {
 }
 
 func run(logger *slog.Logger, o options) error {
+	// It holds every VM's queues and seccomp listeners: its /proc entries
+	// are for CAP_SYS_PTRACE alone, whatever capabilities it runs with.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %w", err)
+	}
 	// Before any socket exists: a SIGTERM during startup still gets the
 	// orderly stop that removes them.
 	stop := make(chan os.Signal, 1)

@@ -28,6 +28,8 @@ var napitapdCaps = []corev1.Capability{"NET_ADMIN", "SETGID", "SETUID", "SYS_ADM
 var hostPaths = map[string]corev1.HostPathType{
 	"/opt/cni/bin": corev1.HostPathDirectory,
 	"/run/napitap": corev1.HostPathDirectoryOrCreate,
+	// napitapd's state, lock and takeover socket: no other pod mounts it.
+	"/run/napitapd": corev1.HostPathDirectoryOrCreate,
 	// Mounted at /run/netns and /var/run/netns: the same dir on the host.
 	"/run/netns":   corev1.HostPathDirectoryOrCreate,
 	"/dev/net/tun": corev1.HostPathCharDev,
@@ -282,6 +284,15 @@ func TestNapitapdPaths(t *testing.T) {
 		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, "--socket="+socket) {
 			t.Errorf("probe %+v does not ask napitapd's socket", p)
 		}
+	}
+	// Ready only once this pod's napitapd serves, not the old pod's.
+	if p := c.ReadinessProbe; p == nil || p.Exec == nil || p.Exec.Command[len(p.Exec.Command)-1] != "ready" {
+		t.Errorf("readiness probe %+v is not napitapctl ready", p)
+	}
+	// VM pods mount the sockets' dir: the state dir, with the lock and the
+	// takeover socket, must be elsewhere.
+	if dir := filepath.Dir(socket); state == dir || strings.HasPrefix(state, dir+"/") {
+		t.Errorf("--state-dir %s is under %s, which VM pods mount for the socket", state, dir)
 	}
 }
 

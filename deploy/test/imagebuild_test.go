@@ -103,6 +103,12 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 		if f.mode&0o111 != 0o111 {
 			t.Errorf("/%s: mode %o, not executable", p, f.mode)
 		}
+		// Execute-only, so that their processes are not dumpable from
+		// exec on (docs/threat-model.md); the plugin is read by
+		// install-plugin.
+		if execOnly := p != "opt/napitap/bin/napitap"; execOnly && f.mode&0o7777 != 0o111 {
+			t.Errorf("/%s: mode %o, want 0111 (execute-only: not dumpable from exec on)", p, f.mode&0o7777)
+		}
 		local, err := os.ReadFile(filepath.Join(repoRoot, "bin", bin))
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -33,6 +35,14 @@ const (
 	entryQueues   = "queues/"
 )
 
+// queuesEntry names an attachment's held queues by a hash of its key: a
+// container ID may be 254 characters, and "queues/" and the key itself
+// would exceed fdstore.MaxName. The key is in the meta (the item's Key).
+func queuesEntry(key handoff.Key) string {
+	sum := sha256.Sum256([]byte(key.String()))
+	return entryQueues + hex.EncodeToString(sum[:])
+}
+
 func (s *holderStore) put(name string, item takeover.Item, files ...*os.File) {
 	meta, err := json.Marshal(item)
 	if err != nil {
@@ -55,10 +65,10 @@ func (s *holderStore) Forget(id string) { s.m.Drop(entryListener + id) }
 // KeepQueues and ForgetQueues are the hand-off server's
 // (handoff.QueueStore).
 func (s *holderStore) KeepQueues(key handoff.Key, files []*os.File) {
-	s.put(entryQueues+key.String(), takeover.Item{Kind: takeover.KindQueue, Key: &key}, files...)
+	s.put(queuesEntry(key), takeover.Item{Kind: takeover.KindQueue, Key: &key}, files...)
 }
 
-func (s *holderStore) ForgetQueues(key handoff.Key) { s.m.Drop(entryQueues + key.String()) }
+func (s *holderStore) ForgetQueues(key handoff.Key) { s.m.Drop(queuesEntry(key)) }
 
 // keepSocket keeps a listening socket: while napitapd is down, a runtime's
 // connect waits in its backlog for the next one instead of failing.
@@ -91,7 +101,7 @@ func filesOf(entries []fdstore.Entry) (files []takeover.File, skipped []string) 
 		case strings.HasPrefix(e.Name, entryListener):
 			ok = item.Kind == takeover.KindListener && item.ID != "" && len(e.Files) <= 2 && e.Name == entryListener+item.ID
 		case strings.HasPrefix(e.Name, entryQueues):
-			ok = item.Kind == takeover.KindQueue && item.Key != nil && e.Name == entryQueues+item.Key.String()
+			ok = item.Kind == takeover.KindQueue && item.Key != nil && e.Name == queuesEntry(*item.Key)
 		default:
 			ok = false
 		}

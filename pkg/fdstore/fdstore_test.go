@@ -431,26 +431,35 @@ func TestAHolderHangsUpOnAPeerThatIsNotRoot(t *testing.T) {
 	tests := []struct {
 		name         string
 		mode         os.FileMode // the socket's
+		capless      bool        // the peer is root without capabilities, not uid 65534
 		wantSaid     string
-		wantHungUpOn bool
+		wantHungUpOn string // what the holder logs
 	}{
-		{"the socket's mode keeps out a peer that is not root", 0o600, "permission denied", false},
-		{"the holder hangs up on a peer that is not root and gets in", 0o666, "the holder hung up", true},
+		{"the socket's mode keeps out a peer that is not root", 0o600, false, "permission denied", ""},
+		{"the holder hangs up on a peer that is not root and gets in", 0o666, false, "the holder hung up", "not root"},
+		{"the holder hangs up on a root peer without napitapd's capabilities", 0o600, true, "the holder hung up", "not a napitapd"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.Chmod(path, tc.mode); err != nil {
 				t.Fatal(err)
 			}
+			log.Reset()
 			cmd := exec.Command(bin, "-test.run=^TestHelperProcess$")
+			if tc.capless {
+				cmd = nstest.CaplessRoot(t, bin, "-test.run=^TestHelperProcess$")
+			} else {
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			}
 			cmd.Env = append(os.Environ(), helperEnv+"=list", socketEnv+"="+path)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 			out, err := cmd.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), tc.wantSaid) {
-				t.Errorf("the peer of uid 65534 got %q (%v), want %q", out, err, tc.wantSaid)
+				t.Errorf("the peer got %q (%v), want %q", out, err, tc.wantSaid)
 			}
-			if hungUp := strings.Contains(log.String(), "not root"); hungUp != tc.wantHungUpOn {
-				t.Errorf("the holder logged hanging up on it: %v, want %v", hungUp, tc.wantHungUpOn)
+			said := log.String()
+			hungUp := strings.Contains(said, "hung up on a peer")
+			if tc.wantHungUpOn == "" && hungUp || tc.wantHungUpOn != "" && !strings.Contains(said, "hung up on a peer that is "+tc.wantHungUpOn) {
+				t.Errorf("the holder's log, want it to have hung up saying %q (or not at all if empty):\n%s", tc.wantHungUpOn, said)
 			}
 			if got := names(list(t, dial(t, path), false)); !slices.Equal(got, []string{"p"}) {
 				t.Errorf("after, root lists %q, want p", got)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napitap/napitap/pkg/peerauth"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -112,6 +113,13 @@ func (h *Holder) serveConn(c *net.UnixConn) {
 	log = log.With("peer_pid", cred.Pid)
 	if cred.Uid != 0 {
 		log.Warn("fdstore: hung up on a peer that is not root", "peer_uid", cred.Uid)
+		return
+	}
+	// The socket is in an emptyDir of this pod's, but a uid-0 process that
+	// reached it some other way (a dirfd taken through /proc while this
+	// process was still dumpable) is still no napitapd.
+	if err := peerauth.Connector(c); err != nil {
+		log.Warn("fdstore: hung up on a peer that is not a napitapd", "err", err)
 		return
 	}
 	log.Info("fdstore: serving a client")

@@ -62,6 +62,19 @@ func (c *Client) GC(network string, valid []Key) (int, error) {
 	return resp.Released, nil
 }
 
+// Status says which napitapd answers.
+func (c *Client) Status() (*Status, error) {
+	resp, files, err := c.do(&Request{Op: OpStatus}, nil)
+	closeAll(files)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Status == nil {
+		return nil, &Error{Code: codeProtocol, Message: "status answered without a status"}
+	}
+	return resp.Status, nil
+}
+
 // List returns the attachments the caller may see, page by page.
 func (c *Client) List() ([]Attachment, error) {
 	var all []Attachment

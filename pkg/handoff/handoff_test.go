@@ -1444,6 +1444,7 @@ type helperArgs struct {
 	op       string
 	key      *handoff.Key
 	att      *handoff.Attachment
+	capless  bool // root without any capability (a pod's root); needs netns ""
 }
 
 func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
@@ -1451,6 +1452,10 @@ func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$")
+	if a.capless {
+		c := nstest.CaplessRoot(t, os.Args[0], "-test.run=^TestHelperProcess$")
+		cmd = exec.CommandContext(ctx, c.Path, c.Args[1:]...)
+	}
 	cmd.Env = append(os.Environ(), helperEnv+"=1",
 		"NAPITAP_HELPER_SOCKET="+socket, "NAPITAP_HELPER_NETNS="+a.netns, "NAPITAP_HELPER_OP="+a.op)
 	if a.uid != nil {

@@ -25,8 +25,11 @@ const (
 	// intercepted one, whose fds napitapd never holds, may have all 256).
 	MaxFDs = 253
 
-	DefaultSocket   = "/run/napitap/napitapd.sock"
-	DefaultStateDir = "/run/napitap/state"
+	DefaultSocket = "/run/napitap/napitapd.sock"
+	// DefaultStateDir is napitapd's alone, outside DefaultSocket's dir,
+	// which VM pods mount: it holds the attachments, the lock and the
+	// takeover socket (docs/threat-model.md).
+	DefaultStateDir = "/run/napitapd/state"
 )
 
 // Operations.
@@ -36,6 +39,7 @@ const (
 	OpRelease  = "release"  // napitap DEL: forget the attachment (root only)
 	OpGC       = "gc"       // napitap GC: forget all but the valid ones (root only)
 	OpList     = "list"     // what is held (root: all; others: their netns)
+	OpStatus   = "status"   // which napitapd answers (anyone)
 )
 
 // Key names an attachment the way CNI does.
@@ -166,6 +170,17 @@ type Response struct {
 	Attachments []Attachment `json:"attachments,omitempty"` // list, a page of them
 	More        bool         `json:"more,omitempty"`        // list: ask again from offset+len
 	Released    int          `json:"released,omitempty"`    // release, gc
+	Status      *Status      `json:"status,omitempty"`      // status
+}
+
+// Status says which napitapd answers: after a takeover, or while a new
+// one waits to take over, the socket's path is served by whichever
+// napitapd holds the socket, in whichever container.
+type Status struct {
+	Pid int `json:"pid"` // in napitapd's pid namespace (the host's, in the DaemonSet)
+	// MountNS is the inode of napitapd's mount namespace: a process in
+	// napitapd's container (a probe) compares it with its own.
+	MountNS uint64 `json:"mountNS"`
 }
 
 // ListPage is how many attachments one list response carries, well inside
@@ -238,7 +253,7 @@ func decodeRequest(b []byte) (*Request, *Error) {
 				return nil, errorf(CodeBadRequest, "valid: %v", err)
 			}
 		}
-	case OpList:
+	case OpList, OpStatus:
 	default:
 		return nil, errorf(CodeBadRequest, "unknown op %q", req.Op)
 	}

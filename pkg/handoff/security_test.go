@@ -211,6 +211,7 @@ func TestAuthorization(t *testing.T) {
 		wantFDs   int
 		wantList  []string
 		keepsHeld bool // napitapd still holds the queues afterwards
+		capless   bool // root without any capability: a pod's root
 	}{
 		{name: "the tap owner in the tap group in the pod netns gets the queues", where: inPod, uid: ptr(owner), gid: ptr(group), op: "fetch", wantFDs: queues},
 		{name: "the tap owner with the tap group as a supplementary group gets the queues", where: inPod, uid: ptr(owner), gid: ptr(stranger), groups: []int{group}, op: "fetch", wantFDs: queues},
@@ -227,6 +228,9 @@ func TestAuthorization(t *testing.T) {
 		{name: "a release by the tap owner is denied", where: inPod, uid: ptr(owner), gid: ptr(group), op: "release", wantCode: handoff.CodeDenied, keepsHeld: true},
 		{name: "a gc by the tap owner is denied", where: inPod, uid: ptr(owner), gid: ptr(group), op: "gc", wantCode: handoff.CodeDenied, keepsHeld: true},
 		{name: "a register by the tap owner is denied and its fds are closed", where: inPod, uid: ptr(owner), gid: ptr(group), op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a release by root without napitapd's capabilities (a pod's root) is denied", where: inHost, capless: true, op: "release", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a gc by root without napitapd's capabilities is denied", where: inHost, capless: true, op: "gc", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a register by root without napitapd's capabilities is denied and its fds are closed", where: inHost, capless: true, op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
 		{name: "a list by a non-root peer in another netns is empty", where: inOther, uid: ptr(owner), gid: ptr(group), op: "list", keepsHeld: true},
 		{name: "a list by a non-root peer in the pod netns shows that pod's attachment", where: inPod, uid: ptr(stranger), gid: ptr(stranger), op: "list", wantList: []string{key.String()}, keepsHeld: true},
 	}
@@ -242,7 +246,7 @@ func TestAuthorization(t *testing.T) {
 			register(t, root, att, newTap(t, pod, tap, queues, tapOwner, tapGroup))
 			t.Cleanup(func() { _ = root.Release(key) })
 
-			args := helperArgs{uid: tc.uid, gid: tc.gid, groups: tc.groups, op: tc.op}
+			args := helperArgs{uid: tc.uid, gid: tc.gid, groups: tc.groups, op: tc.op, capless: tc.capless}
 			var wantNetns uint64
 			switch tc.where {
 			case inPod:

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/peerauth"
 	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/pkg/tunperm"
@@ -237,9 +238,18 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*o
 		closeAll(files)
 		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil, nil
 	}
-	if req.Op != OpFetch && req.Op != OpList && cred.Uid != 0 {
-		closeAll(files)
-		return &Response{Error: errorf(CodeDenied, "%s is for root (napitap) only, caller uid %d", req.Op, cred.Uid)}, nil, nil
+	if req.Op != OpFetch && req.Op != OpList && req.Op != OpStatus {
+		// The plugin runs as the runtime does: root with every capability.
+		// A pod's root (uid 0, no capabilities) that reached the socket
+		// must not release or replace other pods' attachments.
+		err := fmt.Errorf("caller uid %d", cred.Uid)
+		if cred.Uid == 0 {
+			err = peerauth.Process(int(cred.Pid), cred.pidfd)
+		}
+		if err != nil {
+			closeAll(files)
+			return &Response{Error: errorf(CodeDenied, "%s is for the napitap plugin (root with CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_SYS_PTRACE) only: %v", req.Op, err)}, nil, nil
+		}
 	}
 	switch req.Op {
 	case OpRegister:
@@ -255,6 +265,12 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*o
 			return (req.Network == "" || a.Network == req.Network) && !slices.Contains(req.Valid, a.Key)
 		})
 		return &Response{Released: n}, nil, closing
+	case OpStatus:
+		st, err := OwnStatus()
+		if err != nil {
+			return &Response{Error: errorf(CodeInternal, "%v", err)}, nil, nil
+		}
+		return &Response{Status: st}, nil, nil
 	default: // OpList
 		all := s.list(cred)
 		if req.Offset < 0 || req.Offset > len(all) {
@@ -713,4 +729,13 @@ func (s *Server) writeState(att *Attachment) error {
 		return err
 	}
 	return safefile.WriteAtomic(s.statePath(att.Key), b, 0o600)
+}
+
+// OwnStatus is this process's Status.
+func OwnStatus() (*Status, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/mnt", &st); err != nil {
+		return nil, fmt.Errorf("mount namespace: %w", err)
+	}
+	return &Status{Pid: os.Getpid(), MountNS: st.Ino}, nil
 }

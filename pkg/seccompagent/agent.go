@@ -228,19 +228,30 @@ func (a *Agent) serve(l Listener, s *slot) {
 	if tid, q, ok := s.last(); ok {
 		recent.put(tid, q)
 	}
-	if n := s.notif(); n.ID != 0 {
+	// The slot is a record for the next napitapd, never an input to this
+	// one's decisions: a notification it holds is acted on only once the
+	// kernel confirms it (pending, and its caller blocked in that very
+	// call), and every later one is copied out of what RECV gave napitapd.
+	if n := *s.notif(); n.ID != 0 {
 		_ = rc.Control(func(fd uintptr) {
-			if notifIDValid(int(fd), n.ID) {
-				log.Info("answering a TUNSETIFF the previous napitapd received and never answered", "pid", n.Pid)
-				a.answer(int(fd), s, sock, recent, hook, log)
+			if !notifIDValid(int(fd), n.ID) {
+				return
 			}
+			if err := confirmPending(&n); err != nil {
+				log.Warn("the previous napitapd's record of a TUNSETIFF does not match its caller: left to the kernel", "pid", n.Pid, "err", err)
+				_ = notifSend(int(fd), n.ID, 0, true)
+				return
+			}
+			log.Info("answering a TUNSETIFF the previous napitapd received and never answered", "pid", n.Pid)
+			a.answer(int(fd), &n, s, sock, recent, hook, log)
 		})
 	}
+	var n seccompNotif
 	for {
 		var got, hup bool
 		var recvErr error
 		err := rc.Read(func(fd uintptr) bool {
-			got, hup, recvErr = recvReady(int(fd), s.notif())
+			got, hup, recvErr = recvReady(int(fd), &n, s.notif())
 			return got || hup || recvErr != nil
 		})
 		switch {
@@ -256,13 +267,14 @@ func (a *Agent) serve(l Listener, s *slot) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), s, sock, recent, hook, log) })
+		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, s, sock, recent, hook, log) })
 	}
 }
 
-// recvReady takes a pending notification if there is one, without
-// blocking: the kernel's RECV ignores O_NONBLOCK, so poll first.
-func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
+// recvReady takes a pending notification into n if there is one, without
+// blocking (the kernel's RECV ignores O_NONBLOCK, so poll first), and
+// records it in the slot.
+func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 	for {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		if _, err := unix.Poll(pfd, 0); err != nil {
@@ -277,6 +289,9 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
 				continue // the caller was killed meanwhile
 			}
+			if err == nil {
+				*record = *n
+			}
 			return err == nil, false, err
 		case pfd[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
 			return false, true, nil
@@ -285,9 +300,8 @@ func recvReady(fd int, n *seccompNotif) (got, hup bool, err error) {
 	}
 }
 
-// answer answers the notification in s, which RECV wrote there.
-func (a *Agent) answer(listener int, s *slot, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
-	n := s.notif()
+// answer answers n, which s records.
+func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.

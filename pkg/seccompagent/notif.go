@@ -1,6 +1,10 @@
 package seccompagent
 
 import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -68,4 +72,27 @@ func notifSend(listener int, id uint64, errno unix.Errno, cont bool) error {
 		resp.Error, resp.Flags = 0, unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE
 	}
 	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+}
+
+// confirmPending checks n, a notification read back from a slot, with the
+// kernel: its thread must be blocked in that very syscall with those
+// arguments (/proc/TID/syscall: the number, then the arguments in hex).
+// The caller has checked n.ID (notifIDValid); this makes sure Pid and
+// Args, which the kernel cannot be asked for by ID, are the caller's.
+func confirmPending(n *seccompNotif) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", n.Pid))
+	if err != nil {
+		return err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 || f[0] != strconv.Itoa(int(n.Data.Nr)) {
+		return fmt.Errorf("thread %d is in syscall %q, not %d", n.Pid, strings.TrimSpace(string(b)), n.Data.Nr)
+	}
+	for i, arg := range f[1:4] {
+		v, err := strconv.ParseUint(strings.TrimPrefix(arg, "0x"), 16, 64)
+		if err != nil || v != n.Data.Args[i] {
+			return fmt.Errorf("thread %d: argument %d is %s, the record says 0x%x", n.Pid, i, arg, n.Data.Args[i])
+		}
+	}
+	return nil
 }

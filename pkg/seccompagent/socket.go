@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -46,6 +48,18 @@ const (
 	// AckOK is the line a sender reads back when the agent serves its
 	// listener; anything else starts with "error: ".
 	AckOK = "ok"
+	// MaxOrigin bounds a listener's origin, in bytes. The origin is built
+	// of what any member of the socket's group sends, and travels in
+	// takeover messages and the fd holder's metadata; cleaned (clean),
+	// it is at most 2*MaxOrigin+2 bytes of JSON.
+	MaxOrigin = 512
+	// maxLabel, maxName and maxID bound the strings a sender supplies,
+	// each where it is received: a Kubernetes namespace or container name
+	// (a DNS label), a pod name (a DNS subdomain), an ID (runc's are 64
+	// hex digits, a pod's UID 36 characters).
+	maxLabel = 63
+	maxName  = 253
+	maxID    = 128
 )
 
 // Server is the socket front-end: one message per connection, JSON
@@ -162,7 +176,7 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 func sender(cred *unix.Ucred) string {
 	s := fmt.Sprintf("peer pid %d uid %d", cred.Pid, cred.Uid)
 	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cred.Pid)); err == nil {
-		s += " comm " + strings.TrimSuffix(string(comm), "\n")
+		s += " comm " + clean(strings.TrimSuffix(string(comm), "\n"), maxLabel)
 	}
 	return s
 }
@@ -235,7 +249,7 @@ func parseMessage(b []byte, fds []int) (*specs.ContainerProcessState, int, error
 	case len(st.Fds) != len(fds):
 		return nil, -1, fmt.Errorf("message names %d fds, %d came with it", len(st.Fds), len(fds))
 	case len(fds) != 1 || st.Fds[0] != specs.SeccompFdName:
-		return nil, -1, fmt.Errorf("want one fd named %q, got %q", specs.SeccompFdName, st.Fds)
+		return nil, -1, fmt.Errorf("want one fd named %q, got %.64q", specs.SeccompFdName, st.Fds)
 	case st.Pid <= 0:
 		return nil, -1, fmt.Errorf("message has pid %d", st.Pid)
 	}
@@ -247,21 +261,52 @@ func parseMessage(b []byte, fds []int) (*specs.ContainerProcessState, int, error
 func (s *Server) logListener(st *specs.ContainerProcessState, from, peer string) {
 	a := st.State.Annotations
 	s.log.Info("serving seccomp listener", "from", from, "sender", peer,
-		"container", st.State.ID, "status", st.State.Status, "metadata", st.Metadata,
-		"sandbox_id", a["io.kubernetes.cri.sandbox-id"], "sandbox_uid", a["io.kubernetes.cri.sandbox-uid"],
+		"container", clean(st.State.ID, maxID), "status", clean(string(st.State.Status), maxLabel),
+		"metadata", clean(st.Metadata, maxName),
+		"sandbox_id", clean(a["io.kubernetes.cri.sandbox-id"], maxID),
+		"sandbox_uid", clean(a["io.kubernetes.cri.sandbox-uid"], maxID),
 		"listeners", s.agent.Listeners())
 }
 
 // origin names a listener in logs: the pod when runc sent it through CRI.
+// It is at most MaxOrigin bytes, each part bounded first so that none
+// crowds out the others.
 func origin(st *specs.ContainerProcessState, peer string) string {
 	a := st.State.Annotations
-	if ns, name := a["io.kubernetes.cri.sandbox-namespace"], a["io.kubernetes.cri.sandbox-name"]; name != "" {
-		return fmt.Sprintf("pod %s/%s container %q pid %d", ns, name, a["io.kubernetes.cri.container-name"], st.Pid)
+	var s string
+	switch name := a["io.kubernetes.cri.sandbox-name"]; {
+	case name != "":
+		s = fmt.Sprintf("pod %s/%s container %q pid %d", clean(a["io.kubernetes.cri.sandbox-namespace"], maxLabel),
+			clean(name, maxName), clean(a["io.kubernetes.cri.container-name"], maxLabel), st.Pid)
+	case st.State.ID != "":
+		s = fmt.Sprintf("container %s pid %d", clean(st.State.ID, maxID), st.Pid)
+	default:
+		s = fmt.Sprintf("pid %d (%s)", st.Pid, peer)
 	}
-	if st.State.ID != "" {
-		return fmt.Sprintf("container %s pid %d", st.State.ID, st.Pid)
+	return clean(s, MaxOrigin)
+}
+
+// clean bounds a string a sender supplied to n bytes, cut on a rune
+// boundary, with '?' for what JSON writes as a 6-byte \uXXXX (control
+// characters, <, >, &, U+2028, U+2029, invalid UTF-8). Replacing them,
+// rather than counting them, keeps the bound simple: JSON writes the
+// rest in at most 2 bytes a byte (\" and \\), and a log line gets no
+// control characters.
+func clean(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case unicode.IsControl(r), r == '<', r == '>', r == '&', r == '\u2028', r == '\u2029', r == utf8.RuneError:
+			return '?'
+		}
+		return r
+	}, s)
+	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n]
 	}
-	return fmt.Sprintf("pid %d (%s)", st.Pid, peer)
+	return s
 }
 
 // CheckCapabilities logs what the agent cannot do without CAP_SETUID and

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/peerauth"
 	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -53,7 +54,14 @@ func (o *Offer) request() error {
 	if err := send(o.conn, &message{Op: opHello, Versions: []int{Version}}, nil); err != nil {
 		return err
 	}
-	if _, _, err := recv(o.conn, opAccept); err != nil {
+	accept, _, err := recv(o.conn, opAccept)
+	if err != nil {
+		return err
+	}
+	// Only now, with the files on their way, is the other side's word
+	// worth checking: a process that is not a napitapd learns nothing
+	// from a hello, and gets nothing from this side.
+	if err := peerauth.Acceptor(o.conn, accept.Pid); err != nil {
 		return err
 	}
 	_ = o.conn.SetDeadline(time.Now().Add(readyTimeout))

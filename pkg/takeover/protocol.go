@@ -3,14 +3,16 @@
 // (which move, so no connection is refused), every seccomp listener and
 // every held queue fd, and the state dir's lock.
 //
-// Transport: SocketName in the state dir (root only), SOCK_SEQPACKET,
-// served by the running napitapd to a peer of uid 0 only. Every message is
+// Transport: SocketName in the state dir (root only, in a directory no
+// VM pod mounts), SOCK_SEQPACKET. Each side checks that the other is a
+// napitapd (pkg/peerauth: root with napitapd's capabilities) before it
+// says anything: the old one on connect, the new one on accept. Every message is
 // one datagram holding one JSON object (at most MaxHeader bytes) with its
 // fds, if any, as SCM_RIGHTS (at most MaxFDs):
 //
 //	new -> old  hello    {versions}       the versions the new one speaks
 //	old -> new  refuse   {error}          none in common: the old one serves on
-//	old -> new  accept   {version}        the old one stops serving
+//	old -> new  accept   {version, pid}   the old one stops serving
 //	old -> new  files    {items} + fds    one item per fd, in batches
 //	old -> new  done     {count}          every fd sent
 //	new -> old  ready                     or abort {error}: the old one resumes
@@ -27,6 +29,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -45,9 +48,18 @@ const (
 	MaxHeader = 64 << 10
 	// MaxFDs is the kernel's SCM_MAX_FD, as handoff.MaxFDs.
 	MaxFDs = handoff.MaxFDs
-	// batchHeader is where a batch of items stops growing: an item with
-	// the longest origin the agent writes stays well under MaxHeader.
+	// batchHeader is where a batch of items stops growing; an item longer
+	// than that goes alone. An item with the longest origin the agent
+	// writes (seccompagent.MaxOrigin) is far shorter.
 	batchHeader = 32 << 10
+	// maxItem bounds an item's JSON (fit), leaving a message's other
+	// fields room under MaxHeader.
+	maxItem = MaxHeader - 1<<10
+	// cutOrigin is what fit cuts an Origin to, and maxError bounds a
+	// refusal's or abort's message: at most 6 times as many bytes of
+	// JSON (\u003c for '<').
+	cutOrigin = 512
+	maxError  = 4 << 10
 )
 
 // Kinds of files.
@@ -100,11 +112,15 @@ type message struct {
 	Error    string `json:"error,omitempty"`
 	Items    []Item `json:"items,omitempty"`
 	Count    int    `json:"count,omitempty"`
+	// Pid is the old napitapd's, in accept: the new one checks that this
+	// process holds the other end of its connection and is a napitapd.
+	Pid int `json:"pid,omitempty"`
 }
 
 // send writes m with files as one datagram.
 func send(c *net.UnixConn, m *message, files []*os.File) error {
 	m.Version = Version
+	m.Error = cut(m.Error, maxError)
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -168,32 +184,53 @@ func closeFiles(files []*os.File) {
 	}
 }
 
-// sendFiles sends files in batches, then done.
+// sendFiles sends files in batches of at most batchHeader bytes of items,
+// or one item alone, then done.
 func sendFiles(c *net.UnixConn, files []File) error {
 	for start := 0; start < len(files); {
-		end, size := start, 0
-		for end < len(files) && end-start < MaxFDs {
-			b, err := json.Marshal(files[end].Item)
+		m, fs, size := &message{Op: opFiles}, []*os.File(nil), 0
+		for _, f := range files[start:min(start+MaxFDs, len(files))] {
+			item, n, err := fit(f.Item)
 			if err != nil {
 				return err
 			}
-			if size += len(b) + 1; size > batchHeader && end > start {
+			if size += n + 1; size > batchHeader && len(fs) > 0 {
 				break
 			}
-			end++
-		}
-		m := &message{Op: opFiles}
-		fs := make([]*os.File, 0, end-start)
-		for _, f := range files[start:end] {
-			m.Items = append(m.Items, f.Item)
+			m.Items = append(m.Items, item)
 			fs = append(fs, f.File)
 		}
 		if err := send(c, m, fs); err != nil {
-			return fmt.Errorf("takeover: send files %d-%d of %d: %w", start, end, len(files), err)
+			return fmt.Errorf("takeover: send files %d-%d of %d: %w", start, start+len(fs), len(files), err)
 		}
-		start = end
+		start += len(fs)
 	}
 	return send(c, &message{Op: opDone, Count: len(files)}, nil)
+}
+
+// fit returns it as it is sent, with the length of its JSON: an item of
+// more than maxItem bytes has its Origin, which only names it in logs,
+// cut to cutOrigin bytes, so that one item with a long name (an older
+// agent's origins were a sender's, unbounded) cannot fail a takeover.
+// What else an item holds napitapd itself bounds.
+func fit(it Item) (Item, int, error) {
+	b, err := json.Marshal(it)
+	if err == nil && len(b) > maxItem {
+		it.Origin = cut(it.Origin, cutOrigin)
+		b, err = json.Marshal(it)
+	}
+	return it, len(b), err
+}
+
+// cut bounds s to n bytes, cut on a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // recvFiles reads batches until done.

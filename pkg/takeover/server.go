@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/napitap/napitap/pkg/peerauth"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -44,10 +46,10 @@ func Listen(stateDir string) (*net.UnixListener, error) {
 func Serve(l *net.UnixListener, h Handler, log *slog.Logger) error {
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		log.Error("takeover socket: accept failed, retrying", "err", err, "wait", wait)
-	}, func(c *net.UnixConn) { serveConn(c, h, log) })
+	}, func(c *net.UnixConn) { serveConn(l, c, h, log) })
 }
 
-func serveConn(c *net.UnixConn, h Handler, log *slog.Logger) {
+func serveConn(l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger) {
 	defer c.Close()
 	defer unixsock.LogPanic(log, "takeover: panic serving a request")
 	cred, err := unixsock.PeerCred(c)
@@ -58,6 +60,16 @@ func serveConn(c *net.UnixConn, h Handler, log *slog.Logger) {
 	log = log.With("peer_pid", cred.Pid, "peer_uid", cred.Uid)
 	if cred.Uid != 0 {
 		log.Warn("takeover: refused a peer that is not root")
+		return
+	}
+	// Before a word: a uid-0 process without napitapd's capabilities (a
+	// pod's root) gets nothing, and costs this napitapd no pause.
+	if err := peerauth.Connector(c); err != nil {
+		log.Warn("takeover: refused a peer that is not a napitapd", "err", err)
+		return
+	}
+	if err := fault(l); err != nil {
+		log.Warn("takeover: refused by a fault hook (a test build)", "err", err)
 		return
 	}
 	_ = c.SetDeadline(time.Now().Add(helloTimeout))
@@ -72,7 +84,7 @@ func serveConn(c *net.UnixConn, h Handler, log *slog.Logger) {
 		_ = send(c, &message{Op: opRefuse, Error: fmt.Sprintf("this napitapd speaks takeover version %d, not %v", Version, hello.Versions)}, nil)
 		return
 	}
-	if err := send(c, &message{Op: opAccept}, nil); err != nil {
+	if err := send(c, &message{Op: opAccept, Pid: os.Getpid()}, nil); err != nil {
 		log.Warn("takeover: accept", "err", err)
 		return
 	}

@@ -1,6 +1,7 @@
 package takeover
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -18,14 +19,28 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/peerauth"
 )
 
 // dialEnv makes the re-executed test binary send a hello to the takeover
 // socket it names and print the answer.
 const dialEnv = "NAPITAP_TAKEOVER_DIAL"
 
+// fakeServerEnv makes the re-executed test binary serve a takeover
+// socket at the path it names as an impostor would: accept any hello,
+// claim the pid in fakeClaimEnv (its own if empty), and send a file.
+const (
+	fakeServerEnv = "NAPITAP_TAKEOVER_FAKE_SERVER"
+	fakeClaimEnv  = "NAPITAP_TAKEOVER_FAKE_CLAIM"
+)
+
 func TestMain(m *testing.M) {
+	if path := os.Getenv(fakeServerEnv); path != "" {
+		fakeServer(path, os.Getenv(fakeClaimEnv))
+		os.Exit(0)
+	}
 	if path := os.Getenv(dialEnv); path != "" {
 		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 		if err == nil {
@@ -38,6 +53,28 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+func fakeServer(path, claim string) {
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		fmt.Println("listen:", err)
+		return
+	}
+	fmt.Println("ready")
+	c, err := l.AcceptUnix()
+	if err != nil {
+		return
+	}
+	pid := os.Getpid()
+	if claim != "" {
+		fmt.Sscan(claim, &pid)
+	}
+	f, _ := os.Open(os.DevNull)
+	if _, _, err := recv(c, opHello); err == nil && send(c, &message{Op: opAccept, Pid: pid}, nil) == nil {
+		_ = sendFiles(c, []File{{Item: Item{Kind: KindLock}, File: f}})
+		_, _, _ = recv(c, opReady)
+	}
 }
 
 // fakeDaemon hands over files and records what became of them.
@@ -156,6 +193,7 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 		{"a malformed hello is refused", []byte(`{"op":`), 0, "no hello", "malformed"},
 		{"a hello that is not a hello is refused", []byte(`{"version":1,"op":"ready"}`), 0, "no hello", `got "ready"`},
 		{"a peer that is not root is refused", nil, 65534, "refused a peer that is not root", ""},
+		{"a root peer without napitapd's capabilities is refused before a word", nil, capless, "refused a peer that is not a napitapd", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,8 +215,12 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 					t.Fatalf("copy the test binary: %v", err)
 				}
 				cmd := exec.Command(bin, "-test.run=^$")
+				if tc.as == capless {
+					cmd = nstest.CaplessRoot(t, bin, "-test.run=^$")
+				} else {
+					cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: tc.as, Gid: tc.as}}
+				}
 				cmd.Env = append(os.Environ(), dialEnv+"="+Socket(stateDir))
-				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: tc.as, Gid: tc.as}}
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("helper: %v: %s", err, out)
@@ -209,6 +251,61 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 			<-d.resumed
 			if !strings.Contains(log.String(), tc.wantLog) {
 				t.Errorf("log lacks %q:\n%s", tc.wantLog, log)
+			}
+		})
+	}
+}
+
+// capless, as a uid in TestARequestTheOldOneCannotServeStopsNothing, is
+// root without any capability: a pod's root.
+const capless = ^uint32(0)
+
+// TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd: whatever answers
+// on the takeover socket must be a napitapd holding the other end of the
+// connection, or the new napitapd takes none of its files.
+func TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	tests := []struct {
+		name    string
+		capless bool
+		claim   string // the pid the impostor says it is
+		want    string
+	}{
+		{"a root impostor without napitapd's capabilities", true, "", "lacks capabilities"},
+		{"an impostor that names a real napitapd's pid", true, fmt.Sprint(os.Getpid()), "does not hold the other end"},
+		{"a root impostor with every capability but naming pid 1", false, "1", "does not hold the other end"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			stateDir := filepath.Join(t.TempDir(), "state")
+			if err := os.Mkdir(stateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			if tc.capless {
+				cmd = nstest.CaplessRoot(t, os.Args[0], "-test.run=^$")
+			}
+			cmd.Env = append(os.Environ(), fakeServerEnv+"="+Socket(stateDir), fakeClaimEnv+"="+tc.claim)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+				t.Fatalf("impostor: %q", line)
+			}
+			o, err := Request(stateDir)
+			if err == nil {
+				CloseAll(o.Files)
+				t.Fatalf("took %d files from an impostor", len(o.Files))
+			}
+			if !errors.Is(err, peerauth.ErrNotNapitapd) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Request: %v; want a refusal saying %q", err, tc.want)
 			}
 		})
 	}

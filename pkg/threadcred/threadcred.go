@@ -50,25 +50,31 @@ func (e *Error) Unwrap() error { return e.Err }
 // Run runs fn on the calling goroutine's thread with c and returns what fn
 // returns. The process must run as uid 0 with CAP_SETUID, CAP_SETGID and
 // every capability in c.Caps, or Run returns an *Error and fn does not
-// run.
-func Run(c Creds, fn func() error) error {
+// run. A panic in fn goes on to Run's caller once the thread is back to
+// its own credentials.
+func Run(c Creds, fn func() error) (err error) {
 	runtime.LockOSThread()
 	own, err := capget()
 	if err != nil {
 		runtime.UnlockOSThread()
 		return &Error{err}
 	}
-	if err = become(c, own.permitted); err != nil {
-		err = &Error{err}
-	} else {
-		err = fn()
+	// Deferred, so that a panic in fn, recovered further up, does not
+	// leave the caller's credentials on a thread that then runs anything.
+	defer func() {
+		if rerr := restore(own); rerr != nil {
+			// Never unlocked: no other goroutine may run with what is
+			// left, and Go ends the thread when this goroutine exits. A
+			// panic goes on as it was, the thread locked all the same.
+			err = &Error{fmt.Errorf("going back to the thread's own credentials: %w", rerr)}
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
+	if err := become(c, own.permitted); err != nil {
+		return &Error{err}
 	}
-	if rerr := restore(own); rerr != nil {
-		// Never unlocked: no other goroutine may run with what is left.
-		return &Error{fmt.Errorf("going back to the thread's own credentials: %w", rerr)}
-	}
-	runtime.UnlockOSThread()
-	return err
+	return fn()
 }
 
 // ownCreds are the thread's credentials before any call.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -155,5 +156,74 @@ func TestAProcessOfTheCallersUIDCannotSignalTheThread(t *testing.T) {
 	})
 	if err != nil {
 		t.Error(err)
+	}
+}
+
+// runRecovering is threadcred.Run with a panic out of it recovered, on the
+// calling goroutine.
+func runRecovering(c threadcred.Creds, fn func() error) (panicked any, err error) {
+	defer func() { panicked = recover() }()
+	err = threadcred.Run(c, fn)
+	return nil, err
+}
+
+func TestTheThreadGoesBackToItsOwnCredentialsHoweverFnEnds(t *testing.T) {
+	nstest.RequireRoot(t)
+	errFn := errors.New("fn failed")
+	const panicked = "fn panicked"
+	tests := []struct {
+		name      string
+		creds     threadcred.Creds
+		fn        func() error
+		wantErr   error // errors.Is, when not a *threadcred.Error
+		credErr   bool  // a *threadcred.Error, and fn did not run
+		wantPanic any
+	}{
+		{name: "fn returns nil, and so does Run", creds: threadcred.Creds{UID: 65534, GID: 65534},
+			fn: func() error { return nil }},
+		{name: "fn returns an error, and Run returns it", creds: threadcred.Creds{UID: 65534, GID: 65534},
+			fn: func() error { return errFn }, wantErr: errFn},
+		{name: "fn panics, and the panic goes on to Run's caller", creds: threadcred.Creds{UID: 65534, GID: 65534, Groups: []uint32{1001}},
+			fn: func() error { panic(panicked) }, wantPanic: panicked},
+		// The uid is changed before the capabilities are found wanting.
+		{name: "a capability napitapd lacks stops Run halfway, before fn", creds: threadcred.Creds{UID: 65534, GID: 65534, Caps: 1 << 63},
+			fn: func() error { return nil }, credErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Locked here too (the locks nest), so that this goroutine is
+			// still on Run's thread after Run, whether Run let go of its
+			// own lock or not, and reads that thread's credentials.
+			runtime.LockOSThread()
+			before := status(t)
+			tid := unix.Gettid()
+			ran := false
+			p, err := runRecovering(tc.creds, func() error { ran = true; return tc.fn() })
+			after := status(t)
+			if unix.Gettid() != tid {
+				t.Fatalf("the test's goroutine moved from thread %d to %d", tid, unix.Gettid())
+			}
+			var credErr *threadcred.Error
+			switch {
+			case p != tc.wantPanic:
+				t.Errorf("Run panicked with %v, want %v", p, tc.wantPanic)
+			case tc.credErr && (!errors.As(err, &credErr) || ran):
+				t.Errorf("Run: %v, fn ran: %v; want a *threadcred.Error, and fn not run", err, ran)
+			case !tc.credErr && !errors.Is(err, tc.wantErr):
+				t.Errorf("Run: %v, want %v", err, tc.wantErr)
+			}
+			back := true
+			for _, k := range []string{"Uid", "Gid", "Groups", "CapEff", "CapPrm"} {
+				if after[k] != before[k] {
+					t.Errorf("%s after Run: %q, want the thread's own %q", k, after[k], before[k])
+					back = false
+				}
+			}
+			if back {
+				runtime.UnlockOSThread()
+			}
+			// Else still locked: Go ends the thread with this goroutine,
+			// and no other test runs with what was left on it.
+		})
 	}
 }

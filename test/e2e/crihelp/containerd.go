@@ -71,6 +71,9 @@ type Config struct {
 	// DaemonSet's, /run/napitap): the node starts none of its own, and its
 	// Socket and StateDir are that napitapd's.
 	NapitapdDir string
+	// NapitapdStateDir is that napitapd's state dir (the DaemonSet's is
+	// /run/napitapd/state, outside NapitapdDir).
+	NapitapdStateDir string
 	// NapitapPlugin, if set, is the napitap binary the CNI bin dir links to
 	// instead of BinDir's (the one the DaemonSet installs).
 	NapitapPlugin string
@@ -331,7 +334,7 @@ func Start(t testing.TB, cfg Config) *Node {
 		}
 	}
 	if cfg.NapitapdDir != "" {
-		n.Socket, n.StateDir = filepath.Join(cfg.NapitapdDir, "napitapd.sock"), filepath.Join(cfg.NapitapdDir, "state")
+		n.Socket, n.StateDir = filepath.Join(cfg.NapitapdDir, "napitapd.sock"), cfg.NapitapdStateDir
 	} else {
 		// In the node netns, as the DaemonSet's hostNetwork runs it: a Kata
 		// DAN tap is there (DESIGN.md fact 18).

@@ -42,6 +42,8 @@ const (
 	hostCNIBin   = "/opt/cni/bin"
 	hostSeccomp  = "/var/lib/kubelet/seccomp"
 	hostNapitapd = "/run/napitap"
+	// napitapd's own dir, which holds its state dir.
+	hostNapitapdOwn = "/run/napitapd"
 )
 
 // claimHost readies the machine paths the DaemonSet writes to and puts
@@ -58,10 +60,12 @@ func claimHost(t *testing.T) {
 		}
 		t.Skipf("a napitapd already serves %s: the DaemonSet's would replace it", sock)
 	}
-	if left := crihelp.ListDir(hostNapitapd); len(left) > 0 {
-		t.Fatalf("%s holds %v (a napitapd's that is not running?): not the test's to remove", hostNapitapd, left)
+	for _, dir := range []string{hostNapitapd, hostNapitapdOwn} {
+		if left := crihelp.ListDir(dir); len(left) > 0 {
+			t.Fatalf("%s holds %v (a napitapd's that is not running?): not the test's to remove", dir, left)
+		}
 	}
-	for _, dir := range []string{hostCNIBin, filepath.Join(hostSeccomp, "napitap"), hostNapitapd} {
+	for _, dir := range []string{hostCNIBin, filepath.Join(hostSeccomp, "napitap"), hostNapitapd, hostNapitapdOwn} {
 		top := dir
 		for !crihelp.Exists(filepath.Dir(top)) {
 			top = filepath.Dir(top)
@@ -110,10 +114,12 @@ func claimHost(t *testing.T) {
 				t.Errorf("cleanup: restore %s: %v", f, err)
 			}
 		}
-		// napitapd's sockets and state, if /run/napitap stays (it was there).
-		for name := range crihelp.ListDir(hostNapitapd) {
-			if err := os.RemoveAll(filepath.Join(hostNapitapd, name)); err != nil {
-				t.Errorf("cleanup: %v", err)
+		// napitapd's sockets and state, if their dirs stay (they were there).
+		for _, dir := range []string{hostNapitapd, hostNapitapdOwn} {
+			for name := range crihelp.ListDir(dir) {
+				if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+					t.Errorf("cleanup: %v", err)
+				}
 			}
 		}
 	})
@@ -159,6 +165,7 @@ func startDaemonSetCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	t.Helper()
 	claimHost(t)
 	cfg.NapitapdDir, cfg.NapitapPlugin, cfg.NetNSUnderRun = hostNapitapd, filepath.Join(hostCNIBin, "napitap"), true
+	cfg.NapitapdStateDir = filepath.Join(hostNapitapdOwn, "state")
 	c := startMultusCluster(t, cfg, clusterOpts{seccompDir: hostSeccomp, controllers: true})
 	c.mountNodeSysfs()
 	return c
