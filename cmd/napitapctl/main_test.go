@@ -17,27 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/internal/mainexec"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
-// mainEnv makes the re-executed test binary run napitapctl's main with
-// the arguments that follow "--".
-const mainEnv = "NAPITAPCTL_TEST_MAIN"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(mainEnv) != "" {
-		for i, a := range os.Args {
-			if a == "--" {
-				os.Args = append([]string{"napitapctl"}, os.Args[i+1:]...)
-				break
-			}
-		}
-		main()
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { mainexec.Run(m, "napitapctl", main) }
 
 func napitapctl(t *testing.T, args ...string) (int, string) {
 	t.Helper()
@@ -50,8 +35,8 @@ func napitapctlAs(t *testing.T, cred *syscall.Credential, bin string, args ...st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"-test.run=^$", "--"}, args...)...)
-	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd := mainexec.CommandContext(ctx, "napitapctl", args...)
+	cmd.Path, cmd.Args[0] = bin, bin
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
@@ -285,8 +270,7 @@ func TestInstallPlugin(t *testing.T) {
 func TestWaitEndsWithTheContainersStopSignal(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String()+" ends it with status 0", func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "wait")
-			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			cmd := mainexec.Command("napitapctl", "wait")
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}

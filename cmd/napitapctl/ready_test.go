@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/napitap/napitap/internal/mainexec"
 	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/handoff"
 )
@@ -48,8 +49,7 @@ func TestReadyPassesOnlyForTheContainersOwnNapitapd(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--socket", socket, "ready")
-			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			cmd := mainexec.Command("napitapctl", "--socket", socket, "ready")
 			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: tc.unshare}
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out

@@ -11,34 +11,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/internal/mainexec"
 	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
-// mainEnv makes the re-executed test binary run napitapd's main with the
-// arguments that follow "--"; launchEnv makes it `napitapctl launch --
-// true` against the seccomp socket it names.
-const (
-	mainEnv   = "NAPITAPD_TEST_MAIN"
-	launchEnv = "NAPITAPD_TEST_LAUNCH"
-)
+// launchEnv makes the re-executed test binary `napitapctl launch -- true`
+// against the seccomp socket it names.
+const launchEnv = "NAPITAPD_TEST_LAUNCH"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(mainEnv) != "" {
-		for i, a := range os.Args {
-			if a == "--" {
-				os.Args = append([]string{"napitapd"}, os.Args[i+1:]...)
-				break
-			}
-		}
-		main()
-		os.Exit(0)
-	}
 	if socket := os.Getenv(launchEnv); socket != "" {
 		err := seccompagent.Launch(socket, []string{"true"}, os.Environ())
 		os.Stderr.WriteString(err.Error() + "\n")
 		os.Exit(3)
 	}
-	os.Exit(m.Run())
+	mainexec.Run(m, "napitapd", main)
 }
 
 func waitFile(t testing.TB, path string) {
@@ -68,8 +55,7 @@ func TestTheSeccompSocketIsServedBesideTheHandoffOne(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sub := t.TempDir()
 			socket := filepath.Join(sub, "napitapd.sock")
-			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "--socket", socket, "--state-dir", filepath.Join(sub, "state"), "--seccomp-socket", tc.seccomp)
-			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			cmd := mainexec.Command("napitapd", "--socket", socket, "--state-dir", filepath.Join(sub, "state"), "--seccomp-socket", tc.seccomp)
 			stderr, err := cmd.StderrPipe()
 			if err != nil {
 				t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/napitap/napitap/internal/mainexec"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/handoff"
@@ -51,9 +52,7 @@ type paths struct{ socket, seccomp, state string }
 
 func startNapitapdProc(t testing.TB, p paths, flags ...string) *napitapd {
 	t.Helper()
-	args := append([]string{"-test.run=^$", "--", "--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state}, flags...)
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd := mainexec.Command("napitapd", append([]string{"--socket", p.socket, "--seccomp-socket", p.seccomp, "--state-dir", p.state}, flags...)...)
 	d := &napitapd{cmd: cmd, log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	if err := cmd.Start(); err != nil {

@@ -1,7 +1,10 @@
 package nstest
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -10,9 +13,35 @@ import (
 // of docs/threat-model.md.
 func CaplessRoot(t testing.TB, name string, args ...string) *exec.Cmd {
 	t.Helper()
+	return AsCaplessRoot(t, exec.Command(name, args...))
+}
+
+// AsCaplessRoot makes cmd run as CaplessRoot's does, through setpriv.
+func AsCaplessRoot(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Fatalf("setpriv (util-linux): %v", err)
 	}
-	return exec.Command(setpriv, append([]string{"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", name}, args...)...)
+	cmd.Args = append([]string{setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = setpriv
+	return cmd
+}
+
+// CheckProcClosed fails t unless pid's fds and root are closed to
+// CaplessRoot. For a pid that runs as CaplessRoot too (the holder, the
+// init containers' verbs), only its not being dumpable closes them; the
+// test's own root, with CAP_SYS_PTRACE, still reads them.
+func CheckProcClosed(t testing.TB, pid int) {
+	t.Helper()
+	proc := fmt.Sprintf("/proc/%d", pid)
+	for _, args := range [][]string{{"readlink", "-v", proc + "/fd/0"}, {"cat", proc + "/fd/0"}, {"readlink", "-v", proc + "/root"}, {"ls", proc + "/root/"}} {
+		out, err := CaplessRoot(t, args[0], args[1:]...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "ermission denied") {
+			t.Errorf("%s as root without capabilities: %v, %q; want permission denied", strings.Join(args, " "), err, out)
+		}
+	}
+	if _, err := os.ReadDir(proc + "/fd"); err != nil {
+		t.Errorf("as the test's root: %v", err)
+	}
 }

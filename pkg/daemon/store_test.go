@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/napitap/napitap/internal/fdtest"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/fdstore"
@@ -145,7 +144,7 @@ func TestAnAttachmentsQueuesAreKeptInTheHolderWhateverItsContainerIDsLength(t *t
 				if f.Kind != takeover.KindQueue || f.Key == nil || *f.Key != tc.key {
 					t.Errorf("file %d came back as %+v, want a queue of %s", i, f.Item, tc.key)
 				}
-				if !sameFile(t, f.File, queues[i]) {
+				if !fdtest.SameFile(t, f.File, queues[i]) {
 					t.Errorf("file %d that came back is not the queue kept", i)
 				}
 			}
@@ -186,31 +185,4 @@ func recoverFromHolder(t *testing.T, path string) ([]takeover.File, []string) {
 	files, skipped := filesOf(entries)
 	t.Cleanup(func() { takeover.CloseAll(files) })
 	return files, skipped
-}
-
-// sameFile: a and b are the same open file (kcmp(2) KCMP_FILE), not just
-// the same inode.
-func sameFile(t *testing.T, a, b *os.File) bool {
-	t.Helper()
-	const kcmpFile = 0
-	pid := uintptr(os.Getpid())
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(fdOf(t, a)), uintptr(fdOf(t, b)), 0)
-	if errno != 0 {
-		t.Fatalf("kcmp: %v", errno)
-	}
-	return r == 0
-}
-
-// fdOf reads f's fd without Fd, which would make it blocking.
-func fdOf(t *testing.T, f *os.File) int {
-	t.Helper()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := -1
-	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
-		t.Fatal(err)
-	}
-	return fd
 }

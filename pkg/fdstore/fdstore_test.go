@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/fdtest"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/unixsock"
@@ -138,33 +139,6 @@ func pipe(t testing.TB) (r, w *os.File) {
 	return r, w
 }
 
-// fdOf reads f's fd without Fd, which would make it blocking.
-func fdOf(t testing.TB, f *os.File) int {
-	t.Helper()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := -1
-	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
-		t.Fatal(err)
-	}
-	return fd
-}
-
-// sameFile: a and b are the same open file (kcmp(2) KCMP_FILE), not just
-// the same inode.
-func sameFile(t testing.TB, a, b *os.File) bool {
-	t.Helper()
-	const kcmpFile = 0
-	pid := uintptr(os.Getpid())
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(fdOf(t, a)), uintptr(fdOf(t, b)), 0)
-	if errno != 0 {
-		t.Fatalf("kcmp: %v", errno)
-	}
-	return r == 0
-}
-
 // writersGone: reading r ends (EOF) within a moment, so every copy of the
 // pipe's write end is closed.
 func writersGone(t testing.TB, r *os.File) bool {
@@ -222,7 +196,7 @@ func openTapQueue(name string) (*os.File, error) {
 func tapOf(t testing.TB, f *os.File) string {
 	t.Helper()
 	ifr, _ := unix.NewIfreq("")
-	if err := unix.IoctlIfreq(fdOf(t, f), unix.TUNGETIFF, ifr); err != nil {
+	if err := unix.IoctlIfreq(fdtest.FD(t, f), unix.TUNGETIFF, ifr); err != nil {
 		t.Fatalf("TUNGETIFF on %s: %v", f.Name(), err)
 	}
 	return ifr.Name()
@@ -276,19 +250,19 @@ func TestAHolderGivesBackTheSameOpenFilesItWasPut(t *testing.T) {
 		t.Fatalf("listed %q, want pipe and queue", names(got))
 	}
 	pipeGot, queueGot := got[0], got[1]
-	if len(pipeGot.Files) != 2 || !sameFile(t, pipeGot.Files[0], r) || !sameFile(t, pipeGot.Files[1], w) {
+	if len(pipeGot.Files) != 2 || !fdtest.SameFile(t, pipeGot.Files[0], r) || !fdtest.SameFile(t, pipeGot.Files[1], w) {
 		t.Errorf("the pipe listed is not the pipe put: %v", pipeGot.Files)
 	}
 	if pipeGot.Meta != nil {
 		t.Errorf("the pipe, put without meta, lists with meta %s", pipeGot.Meta)
 	}
-	if len(queueGot.Files) != 1 || !sameFile(t, queueGot.Files[0], q) || string(queueGot.Meta) != string(put[0].Meta) {
+	if len(queueGot.Files) != 1 || !fdtest.SameFile(t, queueGot.Files[0], q) || string(queueGot.Meta) != string(put[0].Meta) {
 		t.Fatalf("the queue listed is not the queue put: %+v", queueGot)
 	}
 	if name := tapOf(t, queueGot.Files[0]); name != tap {
 		t.Errorf("the queue listed is attached to %q, want %q", name, tap)
 	}
-	flags, err := unix.FcntlInt(uintptr(fdOf(t, queueGot.Files[0])), unix.F_GETFD, 0)
+	flags, err := unix.FcntlInt(uintptr(fdtest.FD(t, queueGot.Files[0])), unix.F_GETFD, 0)
 	if err != nil || flags&unix.FD_CLOEXEC == 0 {
 		t.Errorf("a listed fd is not close-on-exec: flags %#x, %v", flags, err)
 	}
@@ -688,7 +662,7 @@ func TestAMirrorKeepsTheHolderEqualToItsEntriesAcrossRestartsOfEither(t *testing
 	c := dial(t, path)
 	eventually(t, "a holder that starts after the Mirror gets its entries", holderHas(c, "one", "two"))
 	got := list(t, c, true)
-	if !sameFile(t, got[0].Files[0], r1) || !sameFile(t, got[0].Files[1], w1) || !sameFile(t, got[1].Files[0], w2) || string(got[0].Meta) != `{"n":1}` {
+	if !fdtest.SameFile(t, got[0].Files[0], r1) || !fdtest.SameFile(t, got[0].Files[1], w1) || !fdtest.SameFile(t, got[1].Files[0], w2) || string(got[0].Meta) != `{"n":1}` {
 		t.Errorf("the holder's entries are not the ones put: %+v", got)
 	}
 
@@ -706,7 +680,7 @@ func TestAMirrorKeepsTheHolderEqualToItsEntriesAcrossRestartsOfEither(t *testing
 	c = dial(t, path)
 	eventually(t, "a restarted holder gets every entry again", holderHas(c, "one", "three"))
 	got = list(t, c, true)
-	if !sameFile(t, got[1].Files[0], w3) {
+	if !fdtest.SameFile(t, got[1].Files[0], w3) {
 		t.Error("the restarted holder's three is not the file put")
 	}
 

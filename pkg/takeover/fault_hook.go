@@ -9,12 +9,7 @@ import (
 	"path/filepath"
 )
 
-// FaultFile, in the state dir, makes a napitapd built with the tag
-// napitap_faults hang up on every takeover request while it exists: the
-// node e2e's rollout that cannot complete. A shipped build has no such
-// hook (fault.go).
-const FaultFile = "refuse-takeover"
-
+// fault: FaultFile exists beside the takeover socket.
 func fault(l *net.UnixListener) error {
 	path := filepath.Join(filepath.Dir(l.Addr().String()), FaultFile)
 	if _, err := os.Lstat(path); err == nil {

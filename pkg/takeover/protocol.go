@@ -44,6 +44,11 @@ const (
 	// SocketName and LockName are in the state dir.
 	SocketName = "takeover.sock"
 	LockName   = "napitapd.lock"
+	// FaultFile, in the state dir, makes a napitapd built with the tag
+	// napitap_faults (fault_hook.go) hang up on every takeover request
+	// while it exists: the node e2e's rollout that cannot complete. A
+	// shipped build has no such hook and ignores the file.
+	FaultFile = "refuse-takeover"
 	// MaxHeader bounds one message's JSON.
 	MaxHeader = 64 << 10
 	// MaxFDs is the kernel's SCM_MAX_FD, as handoff.MaxFDs.

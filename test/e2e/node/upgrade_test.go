@@ -20,8 +20,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/fdtest"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/napiprobe"
+	"github.com/napitap/napitap/pkg/takeover"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
@@ -31,9 +33,11 @@ import (
 // TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd is issue 20's
 // proof on the shipped DaemonSet: with a VM running in each mode, a
 // `kubectl rollout restart` of the DaemonSet (the new pod's napitapd takes
-// everything over from the old one's) and a SIGKILL of napitapd in its pod
+// everything over from the old one's), a SIGKILL of napitapd in its pod
 // (the kubelet restarts it, and it takes everything back from the pod's fd
-// holder) lose nothing:
+// holder) and a rollout whose takeover is refused (issue 26: the new pod
+// stays unready and the old one serves until the refusal ends) lose
+// nothing:
 //
 //   - intercept mode: QEMU, running all along (its guest answering ping),
 //     opens the queues of a new NIC's tap by name (QMP netdev_add, as
@@ -73,7 +77,8 @@ func TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd(t *testing.T) {
 	vmm := c.startLongRunningVM(kernel, initrd)
 	heldForRollout := c.startHeldQueuesPod("vm-fds-rollout")
 	heldForKill := c.startHeldQueuesPod("vm-fds-kill")
-	held := []*multusPod{heldForRollout, heldForKill}
+	heldForRefused := c.startHeldQueuesPod("vm-fds-refused")
+	held := []*multusPod{heldForRollout, heldForKill, heldForRefused}
 	c.checkHolderKeepsCopies(ds)
 	if t.Failed() {
 		return
@@ -105,6 +110,23 @@ func TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd(t *testing.T) {
 	c.checkAfterEvent("the SIGKILL", ds, vmm, held)
 	vmm.hotPlugAndProbe(c, "hp3", ds)
 	c.fetchHeldQueues(heldForKill)
+	c.checkHolderKeepsCopies(ds)
+	if t.Failed() {
+		return
+	}
+
+	// 3. A rollout whose takeover fails (issue 26): the old napitapd, a
+	// build with the fault hook, refuses it. The new pod stays unready, the
+	// rollout stops there and the old pod serves, until the fault goes.
+	t.Log("=== a rollout whose takeover is refused, then allowed ===")
+	c.importImage(repo, faultsImage, "-tags="+faultsTag)
+	ds = c.setImage(ds, faultsImage)
+	loop = c.startPodLoop("refused")
+	ds = c.refusedRollout(ds, vmm)
+	c.finishPodLoop(loop, time.Time{}, time.Time{})
+	c.checkAfterEvent("the refused rollout", ds, vmm, held)
+	vmm.hotPlugAndProbe(c, "hp4", ds)
+	c.fetchHeldQueues(heldForRefused)
 	c.checkHolderKeepsCopies(ds)
 	if t.Failed() {
 		return
@@ -725,12 +747,10 @@ func distinctFiles(pid int, kind string) ([]int, error) {
 	return fds, nil
 }
 
-// sameFile: fd1 of pid1 and fd2 of pid2 are the same open file
-// (kcmp(2) KCMP_FILE).
+// sameFile: fd1 of pid1 and fd2 of pid2 are the same open file.
 func sameFile(pid1, fd1, pid2, fd2 int) bool {
-	const kcmpFile = 0
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid1), uintptr(pid2), kcmpFile, uintptr(fd1), uintptr(fd2), 0)
-	return errno == 0 && r == 0
+	same, err := fdtest.Same(pid1, fd1, pid2, fd2)
+	return err == nil && same
 }
 
 // countFiles counts pid's fds of each kind, copies included.
@@ -856,10 +876,25 @@ func parseLogTime(s string) time.Time {
 // from old's, and the controller deletes old once the new one is Ready.
 // It returns the new pod, and prints the takeover time.
 func (c *cluster) rolloutRestart(old *daemonSetPod) *daemonSetPod {
+	start := time.Now()
+	next := c.startRollout(old, "rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	return c.completeRollout(old, next, start, "kubectl rollout restart")
+}
+
+// setImage rolls the DaemonSet's every container out to ref (kubectl set
+// image), as an upgrade does; see rolloutRestart.
+func (c *cluster) setImage(old *daemonSetPod, ref string) *daemonSetPod {
+	start := time.Now()
+	next := c.startRollout(old, "set", "image", "-n", daemonSetNamespace, "daemonset/napitap", "*="+ref)
+	return c.completeRollout(old, next, start, "kubectl set image "+ref)
+}
+
+// startRollout runs kubectl with args, which starts a rollout, and waits
+// for the new pod's napitapd to run.
+func (c *cluster) startRollout(old *daemonSetPod, args ...string) dsPodStatus {
 	t := c.t
 	t.Helper()
-	start := time.Now()
-	c.kubectlMust("rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	c.kubectlMust(args...)
 	var next dsPodStatus
 	err := crihelp.Poll(2*time.Minute, func() error {
 		pods, err := c.daemonSetPods()
@@ -876,8 +911,17 @@ func (c *cluster) rolloutRestart(old *daemonSetPod) *daemonSetPod {
 	})
 	if err != nil {
 		out, _ := c.kubectl("describe", "-n", daemonSetNamespace, "ds,pods")
-		t.Fatalf("after kubectl rollout restart: %v\n%s", err, out)
+		t.Fatalf("after kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+	return next
+}
+
+// completeRollout waits for next's napitapd to serve what it took over
+// from old's, for the rollout to complete and for old to go; it returns
+// next, and prints the times since start, when since happened.
+func (c *cluster) completeRollout(old *daemonSetPod, next dsPodStatus, start time.Time, since string) *daemonSetPod {
+	t := c.t
+	t.Helper()
 	m, err := waitServing(filepath.Join(next.napitapdLogDir, "0.log"), 2*time.Minute)
 	if err != nil {
 		t.Fatalf("new pod %s: %v", next.name, err)
@@ -916,9 +960,69 @@ func (c *cluster) rolloutRestart(old *daemonSetPod) *daemonSetPod {
 	}
 	ds.servingAt = serving
 	c.useDaemonSet(ds)
-	t.Logf("rollout restart: new pod %s's napitapd (pid %d) took everything over from pod %s's (pid %d) in %s (its log: %s); serving %v after kubectl rollout restart; rollout complete in %v, old pod gone in %v",
-		ds.name, ds.pid, old.name, old.pid, strings.Trim(m[3], `"`), m[0], serving.Sub(start).Round(time.Millisecond), complete.Round(time.Millisecond), gone.Round(time.Millisecond))
+	t.Logf("rollout: new pod %s's napitapd (pid %d) took everything over from pod %s's (pid %d) in %s (its log: %s); serving %v after %s; rollout complete in %v, old pod gone in %v",
+		ds.name, ds.pid, old.name, old.pid, strings.Trim(m[3], `"`), m[0], serving.Sub(start).Round(time.Millisecond), since, complete.Round(time.Millisecond), gone.Round(time.Millisecond))
 	return ds
+}
+
+// refusedFor is how long the refused rollout is watched: three readiness
+// probes (periodSeconds 10) and then some.
+const refusedFor = 35 * time.Second
+
+// refusedRollout is a kubectl rollout restart whose new napitapd cannot
+// take over: old's napitapd, a build with the fault hook, hangs up on
+// every takeover request while its state dir holds takeover.FaultFile.
+// For refusedFor the new pod must stay unready, so that the rollout stops
+// there, with old's napitapd serving (and answering a hot-plug of v's);
+// once the file goes the takeover happens and the rollout completes. It
+// returns the new pod.
+func (c *cluster) refusedRollout(old *daemonSetPod, v *longRunningVM) *daemonSetPod {
+	t := c.t
+	t.Helper()
+	fault := filepath.Join(hostNapitapdOwn, "state", takeover.FaultFile)
+	if err := os.WriteFile(fault, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(fault) })
+	start := time.Now()
+	next := c.startRollout(old, "rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	hotPlugged := false
+	for deadline := time.Now().Add(refusedFor); time.Now().Before(deadline) && !t.Failed(); time.Sleep(2 * time.Second) {
+		ready, err := c.podReady(next.name)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case ready:
+			t.Fatalf("new pod %s is Ready while its napitapd cannot take over", next.name)
+		}
+		if log := readFile(filepath.Join(next.napitapdLogDir, "0.log")); servingLine.MatchString(log) {
+			t.Fatalf("new pod %s's napitapd serves while the takeover is refused:\n%s", next.name, crihelp.Tail(log, 3000))
+		}
+		if ready, err := c.podReady(old.name); err != nil || !ready {
+			t.Fatalf("old pod %s: Ready %v (%v), want it serving on", old.name, ready, err)
+		}
+		c.checkServedBy(old)
+		if !hotPlugged {
+			v.hotPlugAndProbe(c, "hp-refused", old)
+			hotPlugged = true
+		}
+	}
+	refusals := strings.Count(readFile(old.log), "refused by a fault hook")
+	if refusals == 0 {
+		t.Errorf("old pod %s's napitapd refused no takeover:\n%s", old.name, crihelp.Tail(readFile(old.log), 3000))
+	}
+	t.Logf("refused rollout: for %v after kubectl rollout restart, new pod %s stayed unready and old pod %s's napitapd (pid %d) served, refusing %d takeover requests; removing %s",
+		time.Since(start).Round(time.Millisecond), next.name, old.name, old.pid, refusals, fault)
+	if err := os.Remove(fault); err != nil {
+		t.Fatal(err)
+	}
+	return c.completeRollout(old, next, time.Now(), "the fault file's removal")
+}
+
+// podReady: the DaemonSet pod name's Ready condition is True.
+func (c *cluster) podReady(name string) (bool, error) {
+	out, err := c.kubectl("get", "pod", "-n", daemonSetNamespace, name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	return strings.TrimSpace(out) == "True", err
 }
 
 // killNapitapd SIGKILLs ds's napitapd (a process the test's DaemonSet
@@ -1373,10 +1477,17 @@ func (c *cluster) checkHolderLog(ds *daemonSetPod) {
 	}
 }
 
+// faultLine is a warning refusedRollout causes: the old napitapd's on
+// each refusal, the new one's while it waits.
+var faultLine = regexp.MustCompile(`level=WARN msg="(takeover: refused by a fault hook|another napitapd serves this state dir and cannot be taken over)`)
+
 // checkLogClean fails the test on a warning or error in a napitapd's
-// log.
+// log, but for those of a refused takeover (refusedRollout's).
 func (c *cluster) checkLogClean(whose, log string) {
 	for _, line := range strings.Split(log, "\n") {
+		if faultLine.MatchString(line) {
+			continue
+		}
 		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
 			c.t.Errorf("%s: %s", whose, line)
 		}
