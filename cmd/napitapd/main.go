@@ -31,6 +31,7 @@ type options struct {
 	seccompSocket                   string
 	fdstoreSocket                   string
 	waitAfterTakeover               bool
+	successorWait                   time.Duration
 }
 
 func main() {
@@ -45,6 +46,7 @@ func main() {
 	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
 	flag.StringVar(&o.fdstoreSocket, "fdstore-socket", "", "socket of the fd holder (napitap-fdstore) that keeps copies of the seccomp listeners, held queues and listening sockets, so that a napitapd killed by SIGKILL, the OOM killer or a liveness probe loses none; one holder per napitapd (the DaemonSet's pod-local sidecar), never shared; empty: no holder")
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
+	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -71,6 +73,9 @@ func run(logger *slog.Logger, o options) error {
 	if o.limits.MaxConns <= 0 || o.limits.MaxConnsPerUID <= 0 {
 		return fmt.Errorf("--max-conns %d, --max-conns-per-uid %d: want positive numbers", o.limits.MaxConns, o.limits.MaxConnsPerUID)
 	}
+	if o.successorWait < 0 {
+		return fmt.Errorf("--successor-wait %v: want 0 or more", o.successorWait)
+	}
 	if err := o.limits.Validate(); err != nil {
 		return fmt.Errorf("--max-conns, --max-conns-per-uid: %w", err)
 	}
@@ -82,7 +87,7 @@ func run(logger *slog.Logger, o options) error {
 	return daemon.Run(logger, daemon.Config{
 		Socket: o.socket, SeccompSocket: o.seccompSocket, StateDir: o.stateDir,
 		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
-		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover,
+		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover, SuccessorWait: o.successorWait,
 	}, stop)
 }
 

@@ -243,6 +243,17 @@ func TestNapitapdPaths(t *testing.T) {
 	if wait, _ := flagValue(c.Args, "wait-after-takeover"); wait != "true" {
 		t.Errorf("--wait-after-takeover %q, want true", wait)
 	}
+	// A deleted pod's napitapd serves on for its replacement (fact 21),
+	// within the grace period, leaving the fd holder time to stop after.
+	wait, _ := flagValue(c.Args, "successor-wait")
+	successorWait, err := time.ParseDuration(wait)
+	grace := spec.TerminationGracePeriodSeconds
+	switch {
+	case err != nil || successorWait < 10*time.Second:
+		t.Errorf("--successor-wait %q: want 10s or more, a replacement's start (%v)", wait, err)
+	case grace == nil || time.Duration(*grace)*time.Second < successorWait+5*time.Second:
+		t.Errorf("terminationGracePeriodSeconds %v: want --successor-wait (%v) and 5 s more", grace, successorWait)
+	}
 	mounted := func(p string) bool {
 		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
 			return p == m.MountPath || strings.HasPrefix(p, m.MountPath+"/")

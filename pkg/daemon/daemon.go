@@ -42,6 +42,11 @@ type Config struct {
 	// kubelet restarts a container that exits, and its napitapd would take
 	// everything back).
 	WaitAfterTakeover bool
+	// SuccessorWait: on stop, serve on for up to this long for a new
+	// napitapd to take everything over, and stop only if none does (a
+	// deleted DaemonSet pod, whose replacement the controller starts while
+	// it terminates). Zero: stop at once.
+	SuccessorWait time.Duration
 }
 
 // Run serves o until stop (SIGTERM) or, after a takeover, until the new
@@ -107,7 +112,10 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 
 	select {
 	case <-stop:
-		return d.stop()
+		if o.SuccessorWait <= 0 {
+			return d.stop()
+		}
+		return d.awaitSuccessor(stop)
 	case <-d.handed:
 		if o.WaitAfterTakeover {
 			// A DaemonSet's old pod during a maxSurge rollout: exiting would
@@ -122,6 +130,27 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	case err := <-d.failed:
 		return err
 	}
+}
+
+// awaitSuccessor is stop's first signal with Config.SuccessorWait set:
+// everything goes to a napitapd that takes over meanwhile, and napitapd
+// stops as without it once the wait ends or a second signal comes.
+func (d *daemon) awaitSuccessor(stop <-chan os.Signal) error {
+	wait := d.o.SuccessorWait
+	d.log.Info("asked to stop: serving on until a new napitapd takes everything over (a deleted pod's replacement), or stopping after the wait", "wait", wait)
+	start := time.Now()
+	select {
+	case <-d.handed:
+		d.log.Info("handed everything over to the next napitapd after the stop signal; exiting", "after", time.Since(start).String())
+		return nil
+	case err := <-d.failed:
+		return err
+	case <-time.After(wait):
+		d.log.Info("no napitapd took over; stopping", "waited", wait.String())
+	case <-stop:
+		d.log.Info("asked to stop again: stopping now", "waited", time.Since(start).String())
+	}
+	return d.stop()
 }
 
 // holderWait is how long a napitapd starting without a takeover waits for

@@ -77,8 +77,9 @@ func TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd(t *testing.T) {
 	vmm := c.startLongRunningVM(kernel, initrd)
 	heldForRollout := c.startHeldQueuesPod("vm-fds-rollout")
 	heldForKill := c.startHeldQueuesPod("vm-fds-kill")
+	heldForDelete := c.startHeldQueuesPod("vm-fds-delete")
 	heldForRefused := c.startHeldQueuesPod("vm-fds-refused")
-	held := []*multusPod{heldForRollout, heldForKill, heldForRefused}
+	held := []*multusPod{heldForRollout, heldForKill, heldForDelete, heldForRefused}
 	c.checkHolderKeepsCopies(ds)
 	if t.Failed() {
 		return
@@ -115,7 +116,22 @@ func TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd(t *testing.T) {
 		return
 	}
 
-	// 3. A rollout whose takeover fails (issue 26): the old napitapd, a
+	// 3. kubectl delete pod of the DaemonSet's pod, pods being created all
+	// along and the VM hot-plugging a NIC while the pod terminates.
+	t.Log("=== kubectl delete pod of the DaemonSet's pod ===")
+	loop = c.startPodLoop("delete")
+	loop.waitCreated(2)
+	ds = c.deletePod(ds, vmm)
+	c.finishPodLoop(loop, time.Time{}, time.Time{})
+	c.checkAfterEvent("the pod's deletion", ds, vmm, held)
+	vmm.hotPlugAndProbe(c, "hp-deleted", ds)
+	c.fetchHeldQueues(heldForDelete)
+	c.checkHolderKeepsCopies(ds)
+	if t.Failed() {
+		return
+	}
+
+	// 4. A rollout whose takeover fails (issue 26): the old napitapd, a
 	// build with the fault hook, refuses it. The new pod stays unready, the
 	// rollout stops there and the old pod serves, until the fault goes.
 	t.Log("=== a rollout whose takeover is refused, then allowed ===")
@@ -877,24 +893,47 @@ func parseLogTime(s string) time.Time {
 // It returns the new pod, and prints the takeover time.
 func (c *cluster) rolloutRestart(old *daemonSetPod) *daemonSetPod {
 	start := time.Now()
-	next := c.startRollout(old, "rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
-	return c.completeRollout(old, next, start, "kubectl rollout restart")
+	c.kubectlMust("rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	return c.completeRollout(old, c.waitNewPod(old), start, "kubectl rollout restart")
 }
 
 // setImage rolls the DaemonSet's every container out to ref (kubectl set
 // image), as an upgrade does; see rolloutRestart.
 func (c *cluster) setImage(old *daemonSetPod, ref string) *daemonSetPod {
 	start := time.Now()
-	next := c.startRollout(old, "set", "image", "-n", daemonSetNamespace, "daemonset/napitap", "*="+ref)
-	return c.completeRollout(old, next, start, "kubectl set image "+ref)
+	c.kubectlMust("set", "image", "-n", daemonSetNamespace, "daemonset/napitap", "*="+ref)
+	return c.completeRollout(old, c.waitNewPod(old), start, "kubectl set image "+ref)
 }
 
-// startRollout runs kubectl with args, which starts a rollout, and waits
-// for the new pod's napitapd to run.
-func (c *cluster) startRollout(old *daemonSetPod, args ...string) dsPodStatus {
+// deletePod runs kubectl delete pod of old, as an operator restarts
+// napitap on a node: the controller starts the replacement while old
+// terminates (maxSurge; ../shared/DESIGN.md fact 21), and old's napitapd,
+// serving on after its SIGTERM (--successor-wait), hands everything over
+// to the replacement's. Meanwhile v hot-plugs a NIC, which old's napitapd
+// must answer with NAPI queues. It returns the replacement.
+func (c *cluster) deletePod(old *daemonSetPod, v *longRunningVM) *daemonSetPod {
 	t := c.t
 	t.Helper()
-	c.kubectlMust(args...)
+	start := time.Now()
+	c.kubectlMust("delete", "pod", "-n", daemonSetNamespace, old.name, "--wait=false")
+	err := crihelp.Poll(30*time.Second, func() error {
+		if !strings.Contains(readFile(old.log), "serving on until a new napitapd takes everything over") {
+			return fmt.Errorf("pod %s's napitapd does not say it serves on after its SIGTERM:\n%s", old.name, crihelp.Tail(readFile(old.log), 2000))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubectl delete pod: napitapd of pod %s got its SIGTERM within %v and serves on", old.name, time.Since(start).Round(time.Millisecond))
+	v.hotPlugAndProbe(c, "hp-terminating", old)
+	return c.completeRollout(old, c.waitNewPod(old), start, "kubectl delete pod")
+}
+
+// waitNewPod waits for a DaemonSet pod other than old to run napitapd.
+func (c *cluster) waitNewPod(old *daemonSetPod) dsPodStatus {
+	t := c.t
+	t.Helper()
 	var next dsPodStatus
 	err := crihelp.Poll(2*time.Minute, func() error {
 		pods, err := c.daemonSetPods()
@@ -911,7 +950,7 @@ func (c *cluster) startRollout(old *daemonSetPod, args ...string) dsPodStatus {
 	})
 	if err != nil {
 		out, _ := c.kubectl("describe", "-n", daemonSetNamespace, "ds,pods")
-		t.Fatalf("after kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("no new pod beside %s: %v\n%s", old.name, err, out)
 	}
 	return next
 }
@@ -985,7 +1024,8 @@ func (c *cluster) refusedRollout(old *daemonSetPod, v *longRunningVM) *daemonSet
 	}
 	t.Cleanup(func() { os.Remove(fault) })
 	start := time.Now()
-	next := c.startRollout(old, "rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	c.kubectlMust("rollout", "restart", "-n", daemonSetNamespace, "daemonset/napitap")
+	next := c.waitNewPod(old)
 	hotPlugged := false
 	for deadline := time.Now().Add(refusedFor); time.Now().Before(deadline) && !t.Failed(); time.Sleep(2 * time.Second) {
 		ready, err := c.podReady(next.name)
