@@ -254,10 +254,8 @@ func TestASIGKILLedNapitapdLosesNothingToItsHolder(t *testing.T) {
 	recovered := 0
 	for round := 1; round <= 2; round++ {
 		d = crashAndRestart(t, d, p, 300*time.Millisecond, flags...)
-		// Two copies of each: the agent's, and the one its Mirror keeps to
-		// put again into a holder that restarts.
-		if n := seccompListeners(t, d.cmd.Process.Pid); n != 2*openers {
-			t.Errorf("crash %d: the next napitapd holds %d seccomp listener fds, want two for each of the %d openers", round, n, openers)
+		if n := seccompListeners(t, d.cmd.Process.Pid); n != openers {
+			t.Errorf("crash %d: the next napitapd holds %d seccomp listeners, want one for each of the %d openers", round, n, openers)
 		}
 		waitAttaches(d, 200, fmt.Sprintf("the storm after crash %d", round))
 		recovered += strings.Count(d.log.String(), "never answered")

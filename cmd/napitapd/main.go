@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"os/user"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/napitap/napitap/pkg/daemon"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/seccompagent"
+	"github.com/napitap/napitap/pkg/supervise"
 )
 
 // options are napitapd's flags.
@@ -32,6 +34,7 @@ type options struct {
 	fdstoreSocket                   string
 	waitAfterTakeover               bool
 	successorWait                   time.Duration
+	supervise                       bool
 }
 
 func main() {
@@ -47,9 +50,13 @@ func main() {
 	flag.StringVar(&o.fdstoreSocket, "fdstore-socket", "", "socket of the fd holder (napitap-fdstore) that keeps copies of the seccomp listeners, held queues and listening sockets, so that a napitapd killed by SIGKILL, the OOM killer or a liveness probe loses none; one holder per napitapd (the DaemonSet's pod-local sidecar), never shared; empty: no holder")
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
+	flag.BoolVar(&o.supervise, "supervise", false, "run napitapd as a child process and start it again at once when a signal kills it (SIGKILL, the OOM killer, a crash), so that the kubelet's restart back-off does not keep it down; a child that exits, or is killed more than 5 times a minute, ends this process with its status")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if o.supervise {
+		os.Exit(superviseSelf(logger))
+	}
 	if err := run(logger, o); err != nil {
 		logger.Error("napitapd", "err", err)
 		os.Exit(1)
@@ -89,6 +96,35 @@ func run(logger *slog.Logger, o options) error {
 		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
 		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover, SuccessorWait: o.successorWait,
 	}, stop)
+}
+
+// superviseSelf runs this napitapd again, with the same flags but
+// --supervise, as a supervised child (pkg/supervise).
+func superviseSelf(logger *slog.Logger) int {
+	// It holds nothing, but is a root process with napitapd's capabilities.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		logger.Error("napitapd: prctl(PR_SET_DUMPABLE, 0)", "err", err)
+		return 1
+	}
+	// Its own path, not /proc/self/exe: the child's name is then
+	// napitapd's, for ps, pgrep and the operator.
+	self, err := os.Executable()
+	if err != nil {
+		logger.Error("napitapd: its own path", "err", err)
+		return 1
+	}
+	code, err := supervise.Run(logger, supervise.DefaultPolicy, func() *exec.Cmd {
+		cmd := exec.Command(self, append(os.Args[1:], "--supervise=false")...)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		// A panic then kills it with SIGABRT, which the supervisor
+		// restarts, where an exit would end the container.
+		cmd.Env = append(os.Environ(), "GOTRACEBACK=crash")
+		return cmd
+	})
+	if err != nil {
+		logger.Error("napitapd", "err", err)
+	}
+	return code
 }
 
 func lookupGroup(group string) (int, error) {

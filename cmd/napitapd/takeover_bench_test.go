@@ -115,14 +115,9 @@ func startBenchLoad(b *testing.B, name string, flags ...string) (paths, *napitap
 		registerBenchAttachment(b, client, pod, i)
 	}
 	launchBenchListeners(b, p.seccomp, benchListeners)
-	// With an fd holder, napitapd keeps a second copy of each for it.
-	want := benchListeners
-	if len(flags) > 0 {
-		want *= 2
-	}
-	for deadline := time.Now().Add(time.Minute); seccompListeners(b, cur.cmd.Process.Pid) != want; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); seccompListeners(b, cur.cmd.Process.Pid) != benchListeners; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			b.Fatalf("the first napitapd holds %d seccomp listener fds, want %d", seccompListeners(b, cur.cmd.Process.Pid), want)
+			b.Fatalf("the first napitapd holds %d seccomp listeners, want %d", seccompListeners(b, cur.cmd.Process.Pid), benchListeners)
 		}
 	}
 	return p, cur, client
@@ -186,8 +181,8 @@ func BenchmarkCrashRestart(b *testing.B) {
 	}
 	stopPolling()
 
-	if n := seccompListeners(b, cur.cmd.Process.Pid); n != 2*benchListeners {
-		b.Errorf("after %d rounds the last napitapd holds %d seccomp listener fds, want two for each of %d", len(took), n, benchListeners)
+	if n := seccompListeners(b, cur.cmd.Process.Pid); n != benchListeners {
+		b.Errorf("after %d rounds the last napitapd holds %d seccomp listeners, want %d", len(took), n, benchListeners)
 	}
 	checkBenchAttachments(b, client)
 	if n := failures.Load(); n > 0 {

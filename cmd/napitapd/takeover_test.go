@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +18,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/napitap/napitap/internal/fdtest"
 	"github.com/napitap/napitap/internal/mainexec"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
@@ -73,7 +76,8 @@ func startNapitapdProc(t testing.TB, p paths, flags ...string) *napitapd {
 	return d
 }
 
-// seccompListeners counts the seccomp listeners process pid holds.
+// seccompListeners counts the seccomp listeners process pid holds: open
+// files, not fds (napitapd keeps a copy of each for its fd holder).
 func seccompListeners(t testing.TB, pid int) int {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
@@ -81,13 +85,18 @@ func seccompListeners(t testing.TB, pid int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var fds []int
 	for _, e := range ents {
-		if target, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(target, "anon_inode:seccomp notify") {
-			n++
+		fd, _ := strconv.Atoi(e.Name())
+		target, _ := os.Readlink(filepath.Join(dir, e.Name()))
+		if !strings.HasPrefix(target, "anon_inode:seccomp notify") {
+			continue
+		}
+		if !slices.ContainsFunc(fds, func(other int) bool { same, _ := fdtest.Same(pid, fd, pid, other); return same }) {
+			fds = append(fds, fd)
 		}
 	}
-	return n
+	return len(fds)
 }
 
 // TestASecondNapitapdTakesEverythingOverAndTheFirstExits: a napitapd

@@ -243,6 +243,11 @@ func TestNapitapdPaths(t *testing.T) {
 	if wait, _ := flagValue(c.Args, "wait-after-takeover"); wait != "true" {
 		t.Errorf("--wait-after-takeover %q, want true", wait)
 	}
+	// A napitapd killed by a signal is started again by its supervisor,
+	// not after the kubelet's back-off.
+	if supervise, _ := flagValue(c.Args, "supervise"); supervise != "true" {
+		t.Errorf("--supervise %q, want true", supervise)
+	}
 	// A deleted pod's napitapd serves on for its replacement (fact 21),
 	// within the grace period, leaving the fd holder time to stop after.
 	wait, _ := flagValue(c.Args, "successor-wait")

@@ -101,6 +101,7 @@ type Node struct {
 	StateDir string    // napitapd's
 	Napitapd *Napitapd // nil with Config.NapitapdDir
 	proc     *exec.Cmd
+	cfgFile  string
 	exited   <-chan struct{}
 	log      string
 	ids      []string // every sandbox seen, for the shim socket names
@@ -362,17 +363,9 @@ func Start(t testing.TB, cfg Config) *Node {
 	shimsBefore := ListDir(shimRoot)
 	runBefore := !Exists("/run/containerd")
 	sBefore := !Exists(shimRoot)
-	logFile, err := os.Create(n.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// nsenter --net only: `ip netns exec` would also remount /sys in a
-	// mount namespace of its own, /sys/fs/cgroup would vanish and runc fail.
-	n.proc = exec.Command("nsenter", "--net="+n.NetNS.Path(), "--", "containerd", "--config", cfgFile, "--log-level", "info")
-	n.proc.Stdout, n.proc.Stderr = logFile, logFile
+	n.cfgFile = cfgFile
 	start := time.Now()
-	n.exited, err = StartPinned(n.proc, func() { logFile.Close() })
-	if err != nil {
+	if err := n.startContainerd(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -442,6 +435,43 @@ func StartPinned(cmd *exec.Cmd, done func()) (<-chan struct{}, error) {
 		close(exited)
 	}()
 	return exited, <-started
+}
+
+// startContainerd starts containerd in the node netns, its output
+// appended to its log.
+func (n *Node) startContainerd() error {
+	logFile, err := os.OpenFile(n.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	// nsenter --net only: `ip netns exec` would also remount /sys in a
+	// mount namespace of its own, /sys/fs/cgroup would vanish and runc fail.
+	n.proc = exec.Command("nsenter", "--net="+n.NetNS.Path(), "--", "containerd", "--config", n.cfgFile, "--log-level", "info")
+	n.proc.Stdout, n.proc.Stderr = logFile, logFile
+	n.exited, err = StartPinned(n.proc, func() { logFile.Close() })
+	return err
+}
+
+// RestartContainerd stops containerd with SIGTERM, as systemctl restart
+// does (the shims, and the containers under them, run on), and starts it
+// again; it returns how long containerd was gone.
+func (n *Node) RestartContainerd() time.Duration {
+	t := n.t
+	t.Helper()
+	start := time.Now()
+	_ = n.proc.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("containerd (pid %d) ignored SIGTERM for 20s", n.proc.Process.Pid)
+	}
+	if err := n.startContainerd(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.waitReady(20 * time.Second); err != nil {
+		t.Fatalf("containerd did not get ready after its restart: %v", err)
+	}
+	return time.Since(start)
 }
 
 // Pid is containerd's.

@@ -1,0 +1,429 @@
+package node
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/napitap/napitap/test/e2e/crihelp"
+	"github.com/napitap/napitap/test/e2e/vm"
+)
+
+// TestVMsKeepNAPIQueuesThroughEveryOperatorEvent is issue 27's proof on
+// the shipped DaemonSet: what an operator does to a node, one event after
+// another, with a VM running in each mode, loses nothing:
+//
+//   - intercept mode: QEMU, running all along (its guest answering ping),
+//     opens the queues of a new NIC's tap by name (QMP netdev_add, as
+//     KubeVirt's NIC hot-plug does through libvirt) during events that
+//     leave a moment to do so and after each, and each new queue is a
+//     NAPI queue: GRO merges what is written into it;
+//   - fds mode: the queues napitapd holds are still held, not reopened,
+//     and fetch as NAPI queues (one pod's per event);
+//   - pods created one every podLoopEvery while each event happens (runc
+//     handing its seccomp listener to napitapd, CNI ADDs registering with
+//     it) all start, with no failed or retried sandbox or container and
+//     no restart; the fd holder keeps a copy of each of napitapd's files.
+//
+// It ends with a table, one row per event, which deploy/README.md
+// ("Operations") carries.
+func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
+	testStart := time.Now()
+	crihelp.RequireTools(t, "qemu-system-x86_64", "bash", "busybox")
+	repo, err := crihelp.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel, initrd, err := vm.Artifacts(filepath.Join(repo, ".cache", "vm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startDaemonSetCluster(t, crihelp.Config{Name: "napinodeup", Subnet: podSubnet})
+	_, ds := c.deployDaemonSet(repo)
+	c.checkServedBy(ds)
+	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"),
+		"-f", filepath.Join(repo, "deploy", "examples", "napitap-standalone.yaml"))
+	crihelp.WriteVMMImage(t, c.node, vmmRef, "guest", "out")
+
+	// Before: a VM whose QEMU opened its queues by name (intercept), and a
+	// pod whose queues napitapd holds (fds) for each event, to fetch after
+	// it: a fetch takes the held queues away.
+	vmm := c.startLongRunningVM(kernel, initrd)
+	events := c.operatorEvents(repo, vmm)
+	held := make([]*multusPod, len(events))
+	for i, ev := range events {
+		held[i] = c.startHeldQueuesPod("vm-fds-" + ev.slug)
+	}
+	c.checkHolderKeepsCopies(ds)
+	if t.Failed() {
+		return
+	}
+
+	var rows []operationRow
+	for i, ev := range events {
+		t.Logf("=== %d. %s ===", i+1, ev.name)
+		loop := c.startPodLoop(ev.slug)
+		loop.excuse = ev.excuse
+		loop.waitCreated(2) // ADDs and container creations in flight at the event
+		next, out := ev.do(ds)
+		pods := c.finishPodLoop(loop, out.down, out.up)
+		c.checkAfterEvent(ev.name, next, vmm, held)
+		vmm.hotPlugAndProbe(c, "hp-after-"+ev.slug, next)
+		c.fetchHeldQueues(held[i])
+		c.checkHolderKeepsCopies(next)
+		rows = append(rows, operationRow{ev.name, out, pods})
+		ds = next
+		if t.Failed() {
+			break
+		}
+	}
+	t.Logf("operations on the node, each with a VM hot-plugging NICs and pods created one every %v (deploy/README.md, \"Operations\"):\n%s",
+		podLoopEvery, operationsTable(rows))
+	if t.Failed() {
+		return
+	}
+
+	// Nothing leaks: kubectl delete of every pod leaves no tap, attachment,
+	// state, lease or listener, in napitapd or in its fd holder.
+	t.Log("=== kubectl delete of the VM pods ===")
+	c.deleteAndCheckGone(ds, vmm, held)
+	c.checkDaemonSetLog(ds)
+	c.checkHolderLog(ds)
+	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
+}
+
+// operatorEvent is one thing an operator does to the node: do runs it on
+// the DaemonSet pod ds and returns the pod serving after it, and what it
+// measured.
+type operatorEvent struct {
+	name, slug string // slug names its pods
+	do         func(ds *daemonSetPod) (*daemonSetPod, outcome)
+	excuse     *regexp.Regexp // podLoop.excuse
+}
+
+// outcome is what an event measured.
+type outcome struct {
+	down, up time.Time     // no napitapd served from down to up; zero: one did throughout
+	gap      time.Duration // how long no napitapd answered: a takeover's, or up-down
+	vmmWait  time.Duration // how long a hot-plug's TUNSETIFFs made during the event took; 0: none made
+	note     string
+}
+
+type operationRow struct {
+	event string
+	out   outcome
+	pods  loopResult
+}
+
+// operatorEvents are the events, in the order the test runs them: each
+// ends with napitapd serving everything, which the next starts from.
+func (c *cluster) operatorEvents(repo string, v *longRunningVM) []operatorEvent {
+	events := []operatorEvent{
+		{"kubectl rollout restart", "rollout", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			next := c.rolloutRestart(ds)
+			return next, outcome{gap: next.took, note: "the new pod's napitapd took everything over"}
+		}, nil},
+	}
+	for i := 1; i <= 3; i++ {
+		events = append(events, operatorEvent{fmt.Sprintf("kill -9 of napitapd, %d of 3 in a row", i), fmt.Sprintf("kill%d", i),
+			func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+				killed := c.killNapitapd(ds)
+				whileDead := v.hotPlugAsync(fmt.Sprintf("hp-kill%d", i))
+				next := c.waitRestartedNapitapd(ds, killed)
+				out := outcome{down: killed, up: next.servingAt, gap: next.servingAt.Sub(killed),
+					note: "its supervisor started it again, and it took everything back from the fd holder"}
+				if h := v.awaitHotPlug(c, whileDead); h != nil {
+					v.probeHotPlug(c, h, next, waitedThrough(h, next, killed))
+					out.vmmWait = h.took
+				}
+				return next, out
+			}, nil})
+	}
+	events = append(events,
+		operatorEvent{"kill -9 of napitapd's container (its supervisor)", "container", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			return c.killSupervisor(ds, v)
+		}, nil},
+		operatorEvent{"kill -9 of the fd holder", "holder", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			back := c.killHolder(ds)
+			return ds, outcome{note: fmt.Sprintf("napitapd served on; the kubelet restarted the holder, which held everything again %v after the kill", back.Round(time.Millisecond))}
+		}, nil},
+		operatorEvent{"kubectl delete pod", "delete", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			next, took := c.deletePod(ds, v)
+			return next, outcome{gap: next.took, vmmWait: took,
+				note: "the old napitapd served on after SIGTERM until the replacement took everything over"}
+		}, nil},
+		operatorEvent{"kubelet restart", "kubelet", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			took, down := c.restartKubelet(ds, v)
+			return ds, outcome{vmmWait: took, note: fmt.Sprintf("kubelet gone %v; napitapd served on, untouched", down.Round(time.Millisecond))}
+		}, nil},
+		operatorEvent{"containerd restart", "containerd", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			down := c.restartContainerd(ds)
+			return ds, outcome{note: fmt.Sprintf("containerd gone %v; napitapd served on, untouched", down.Round(time.Millisecond))}
+		}, criDown},
+		operatorEvent{"rollout to an image that cannot be pulled, then kubectl rollout undo", "broken", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			took, stuck := c.brokenRolloutUndone(ds, v)
+			return ds, outcome{vmmWait: took, note: fmt.Sprintf("the new pod never started (%s); the old pod served on, untouched, and stayed after the undo", stuck)}
+		}, nil},
+		operatorEvent{"kubectl set image (an upgrade)", "upgrade", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			c.importImage(repo, faultsImage, "-tags="+faultsTag)
+			next := c.setImage(ds, faultsImage)
+			return next, outcome{gap: next.took, note: "to a build with the takeover fault hook, for the next event"}
+		}, nil},
+		operatorEvent{"a rollout whose takeover is refused, then allowed", "refused", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			next, took := c.refusedRollout(ds, v)
+			return next, outcome{gap: next.took, vmmWait: took,
+				note: fmt.Sprintf("the new pod stayed unready and the old one served for %v, until the fault went", refusedFor)}
+		}, nil},
+	)
+	return events
+}
+
+// criDown is a sandbox the kubelet could not ask containerd for while it
+// restarted: the kubelet's, retried; napitap was never called.
+var criDown = regexp.MustCompile(`^FailedCreatePodSandBox .*code = Unavailable .*containerd\.sock`)
+
+// operationsTable is rows as a markdown table.
+func operationsTable(rows []operationRow) string {
+	var b strings.Builder
+	b.WriteString("| event | no napitapd served for | a VMM's TUNSETIFF during it took | pods created during it | failed | retried, not napitap's | what happened |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---|\n")
+	for _, r := range rows {
+		gap, wait := "0", "-"
+		if r.out.gap > 0 {
+			gap = r.out.gap.Round(time.Millisecond).String()
+		}
+		if r.out.vmmWait > 0 {
+			wait = r.out.vmmWait.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d | %s |\n", r.event, gap, wait, r.pods.created, r.pods.failed, r.pods.retried, r.out.note)
+	}
+	return b.String()
+}
+
+// killSupervisor SIGKILLs the napitapd container's own process, napitapd
+// --supervise: the container ends and the kubelet restarts it (its
+// back-off applies here, as to any container). The child, sent SIGTERM as
+// its supervisor dies (or SIGKILL by containerd's shim, which ends what
+// is left of a container whose process exited), either serves on until
+// the restarted container's napitapd takes everything over, or leaves
+// everything to the fd holder, from which the next one takes it back.
+func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSetPod, outcome) {
+	t := c.t
+	t.Helper()
+	before, err := c.daemonSetPodStatus(ds.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if procName(ds.supervisor) != "napitapd" {
+		t.Fatalf("pid %d is not napitapd --supervise", ds.supervisor)
+	}
+	killed := time.Now()
+	if err := syscall.Kill(ds.supervisor, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	whileDead := v.hotPlugAsync("hp-container")
+	logPath := filepath.Join(before.napitapdLogDir, fmt.Sprintf("%d.log", before.napitapdRestarts+1))
+	m, err := waitServingSince(logPath, killed, 2*time.Minute)
+	if err != nil {
+		out, _ := c.kubectl("describe", "-n", daemonSetNamespace, "pods")
+		t.Fatalf("after the SIGKILL of napitapd's container: %v\n%s", err, out)
+	}
+	serving := parseLogTime(m[1])
+	next := c.waitDaemonSet("120s")
+	after, err := c.daemonSetPodStatus(next.name)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case next.name != ds.name || after.napitapdRestarts != before.napitapdRestarts+1:
+		t.Errorf("after the SIGKILL of napitapd's container: pod %s, restarted %d times; want pod %s restarted %d times", next.name, after.napitapdRestarts, ds.name, before.napitapdRestarts+1)
+	case after.fdstoreRestarts != before.fdstoreRestarts || after.fdstoreID != before.fdstoreID:
+		t.Errorf("the fd holder's container restarted (%d, %.12s, was %.12s)", after.fdstoreRestarts, after.fdstoreID, before.fdstoreID)
+	}
+	if procName(ds.pid) == "napitapd" {
+		t.Errorf("the killed container's napitapd, pid %d, still runs", ds.pid)
+	}
+	next.servingAt = serving
+	c.useDaemonSet(next)
+	c.checkLogClean("the killed container's napitapd", readFile(ds.log), ds.allowWarn...)
+	out := outcome{down: killed, up: serving, gap: serving.Sub(killed)}
+	if m[2] == "true" {
+		next.took, _ = time.ParseDuration(strings.Trim(m[3], `"`))
+		out = outcome{gap: next.took, note: "the kubelet restarted the container; the killed supervisor's child served on until the new napitapd took everything over"}
+	} else {
+		out.note = "the kubelet restarted the container, whose napitapd took everything back from the fd holder"
+	}
+	if h := v.awaitHotPlug(c, whileDead); h != nil {
+		v.probeHotPlug(c, h, next, time.Time{})
+		out.vmmWait = h.took
+		// The old child, sent SIGTERM as its supervisor died, may have
+		// served on long enough to answer it.
+		old, now := v.attachedIn(readFile(ds.log), killed), v.attachedLines(c, killed)
+		if old+now != 2 {
+			t.Errorf("napitapd logged %d attaches with NAPI of %s for netdev %s (%d by the killed container's, %d by the restarted one's), want 2",
+				old+now, v.hpTap, h.id, old, now)
+		}
+		t.Logf("hot-plug %s, issued %v after the SIGKILL: %d queues attached by the killed container's napitapd, %d by the restarted one's",
+			h.id, h.issued.Sub(killed).Round(time.Millisecond), old, now)
+	}
+	t.Logf("kill -9 of napitapd's container process, pid %d: its napitapd (pid %d) serves %v after, tookOver=%s; %s",
+		ds.supervisor, next.pid, serving.Sub(killed).Round(time.Millisecond), m[2], out.note)
+	return next, out
+}
+
+// waitedThrough is killed if the hot-plug h was issued while no napitapd
+// served, for probeHotPlug to check that its TUNSETIFFs waited for next;
+// zero if napitapd was back before it (a supervisor restarts it in tens
+// of milliseconds).
+func waitedThrough(h *hotPlug, next *daemonSetPod, killed time.Time) time.Time {
+	if h.issued.Before(next.servingAt) {
+		return killed
+	}
+	return time.Time{}
+}
+
+// holderLost is what napitapd logs while its fd holder is gone; after
+// killHolder, its log may hold them.
+var holderLost = regexp.MustCompile(`level=WARN msg="fdstore: (lost the holder|no holder|the holder hung up|sync)`)
+
+// killHolder SIGKILLs ds's fd holder and waits until the kubelet has
+// restarted it and napitapd has put everything into it again; it returns
+// how long that took.
+func (c *cluster) killHolder(ds *daemonSetPod) time.Duration {
+	t := c.t
+	t.Helper()
+	before, err := c.daemonSetPodStatus(ds.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := c.fdstorePid(ds.name)
+	synced := strings.Count(readFile(ds.log), "fdstore: synced with the holder")
+	killed := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ds.allowWarn = append(ds.allowWarn, holderLost)
+	err = crihelp.Poll(2*time.Minute, func() error {
+		st, err := c.daemonSetPodStatus(ds.name)
+		switch {
+		case err != nil:
+			return err
+		case st.fdstoreRestarts == before.fdstoreRestarts:
+			return fmt.Errorf("the kubelet has not restarted the fd holder yet")
+		case strings.Count(readFile(ds.log), "fdstore: synced with the holder") == synced:
+			return fmt.Errorf("napitapd has not synced with the restarted holder yet:\n%s", crihelp.Tail(readFile(ds.log), 2000))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := time.Since(killed)
+	if st, err := procStatus(ds.pid, "Name"); err != nil || st["Name"] != "napitapd" {
+		t.Errorf("napitapd, pid %d, is gone after the holder's kill: %v %v", ds.pid, st, err)
+	}
+	t.Logf("kill -9 of pod %s's fd holder, pid %d: restarted, and holding napitapd's files again, %v after", ds.name, pid, back.Round(time.Millisecond))
+	return back
+}
+
+// restartKubelet stops the kubelet, has the VM hot-plug a NIC while it is
+// gone, and starts it again; the DaemonSet pod's napitapd must be the same
+// process after. It returns the hot-plug's time and how long the kubelet
+// was gone.
+func (c *cluster) restartKubelet(ds *daemonSetPod, v *longRunningVM) (took, down time.Duration) {
+	t := c.t
+	t.Helper()
+	start := time.Now()
+	c.kubelet.stop(t)
+	took = v.hotPlugAndProbe(c, "hp-nokubelet", ds)
+	c.startKubelet()
+	down = time.Since(start)
+	c.checkSameNapitapd(ds, "the kubelet's restart")
+	return took, down
+}
+
+// restartContainerd restarts the node's containerd (its shims, and the
+// containers under them, run on); the DaemonSet pod's napitapd must be the
+// same process after. It returns how long containerd was gone.
+func (c *cluster) restartContainerd(ds *daemonSetPod) time.Duration {
+	down := c.node.RestartContainerd()
+	c.t.Logf("containerd restarted: gone for %v", down.Round(time.Millisecond))
+	c.checkSameNapitapd(ds, "containerd's restart")
+	return down
+}
+
+// checkSameNapitapd: ds is still the DaemonSet's pod, Ready, with the same
+// napitapd process.
+func (c *cluster) checkSameNapitapd(ds *daemonSetPod, after string) {
+	t := c.t
+	t.Helper()
+	now := c.waitDaemonSet("120s")
+	if now.name != ds.name || now.pid != ds.pid {
+		t.Errorf("after %s: DaemonSet pod %s, napitapd pid %d; want pod %s's napitapd, pid %d, untouched", after, now.name, now.pid, ds.name, ds.pid)
+	}
+	c.checkServedBy(ds)
+}
+
+// brokenImage names no image anywhere: the pull fails.
+const brokenImage = "napinode.local/napitap:e2e-missing"
+
+// brokenHold is how long brokenRolloutUndone watches the stuck rollout.
+const brokenHold = 20 * time.Second
+
+// brokenRolloutUndone rolls the DaemonSet out to brokenImage: the new pod
+// never runs napitapd, and for brokenHold the old pod must serve on,
+// Ready (a hot-plug of v's answered meanwhile). Then kubectl rollout undo:
+// the controller deletes the new pod and the old one, the current
+// revision again, stays with the same napitapd. It returns the hot-plug's
+// time and why the new pod was stuck.
+func (c *cluster) brokenRolloutUndone(ds *daemonSetPod, v *longRunningVM) (time.Duration, string) {
+	t := c.t
+	t.Helper()
+	c.kubectlMust("set", "image", "-n", daemonSetNamespace, "daemonset/napitap", "*="+brokenImage)
+	var stuck, next string
+	err := crihelp.Poll(2*time.Minute, func() error {
+		out, err := c.kubectl("get", "pods", "-n", daemonSetNamespace, "-l", "app.kubernetes.io/name=napitap", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.status.initContainerStatuses[0].state.waiting.reason}{"\n"}{end}`)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] != ds.name && strings.Contains(f[1], "Image") {
+				next, stuck = f[0], f[1]
+				return nil
+			}
+		}
+		return fmt.Errorf("no new pod waiting on its image yet:\n%s", out)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var took time.Duration
+	for deadline := time.Now().Add(brokenHold); time.Now().Before(deadline) && !t.Failed(); time.Sleep(2 * time.Second) {
+		if ready, err := c.podReady(ds.name); err != nil || !ready {
+			t.Fatalf("old pod %s: Ready %v (%v) while the rollout is stuck, want it serving on", ds.name, ready, err)
+		}
+		c.checkServedBy(ds)
+		if took == 0 {
+			took = v.hotPlugAndProbe(c, "hp-broken", ds)
+		}
+	}
+	start := time.Now()
+	c.kubectlMust("rollout", "undo", "-n", daemonSetNamespace, "daemonset/napitap")
+	err = crihelp.Poll(2*time.Minute, func() error {
+		if _, err := c.daemonSetPodStatus(next); err == nil {
+			return fmt.Errorf("the broken pod %s is still there", next)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollout to %s: pod %s stuck (%s) for %v with pod %s serving; kubectl rollout undo removed it in %v",
+		brokenImage, next, stuck, brokenHold, ds.name, time.Since(start).Round(time.Millisecond))
+	c.checkSameNapitapd(ds, "the undo")
+	return took, stuck
+}
