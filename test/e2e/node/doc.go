@@ -69,15 +69,20 @@
 // agent; QEMU (TCG, uid 107) in its pods opens the tap by name, and GRO on
 // the guest's traffic proves NAPI, against a RuntimeDefault pod.
 //
-// TestVMsKeepNAPIQueuesThroughARolloutAndASIGKILLOfNapitapd (issue 20)
-// runs a VM pod (QEMU with QMP, its guest up all along) and two fds-mode
-// pods through a kubectl rollout restart of the DaemonSet (a takeover) and
-// a SIGKILL of its napitapd (the kubelet restarts it and it takes back what
-// the pod's fd holder kept): after each, a NIC QEMU hot-plugs by name
-// (netdev_add, also once while napitapd is dead) gets NAPI queues that GRO
-// merges on, the held queues are still held and fetch as NAPI queues, and
-// pods created one every 1.5 s during each event all start; it prints the
-// takeover time and the time from the SIGKILL to napitapd serving again.
+// TestVMsKeepNAPIQueuesThroughEveryOperatorEvent (issues 20, 26, 27)
+// runs a VM pod (QEMU with QMP, its guest up all along) and fds-mode pods
+// through what an operator does to a node, one event after another: a
+// rollout, kill -9 of napitapd three times in a row (its supervisor starts
+// it again) and of its container (the kubelet does), kill -9 of the fd
+// holder, kubectl delete pod (the replacement takes over from the
+// terminating pod), kubelet and containerd restarts, a rollout to an image
+// that cannot be pulled and its undo, an upgrade, and a rollout whose
+// takeover a fault-hook build refuses (the new pod stays unready). After
+// each, a NIC QEMU hot-plugs by name (netdev_add, also during the events
+// that leave time to) gets NAPI queues that GRO merges on, the held
+// queues are still held and fetch as NAPI queues, the fd holder holds
+// napitapd's files, and pods created one every 1.5 s during the event all
+// start; it prints a table of the events, which deploy/README.md carries.
 //
 // Needs root, containerd 1.6, runc, nsenter, unshare, busybox and QEMU
 // (hack/deps.sh), crictl (hack/crictl.sh) and the build.sh and multus.sh
