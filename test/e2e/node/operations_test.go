@@ -43,7 +43,7 @@ func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startDaemonSetCluster(t, crihelp.Config{Name: "napinodeup", Subnet: podSubnet})
-	_, ds := c.deployDaemonSet(repo)
+	kustomization, ds := c.deployDaemonSet(repo)
 	c.checkServedBy(ds)
 	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"),
 		"-f", filepath.Join(repo, "deploy", "examples", "napitap-standalone.yaml"))
@@ -58,6 +58,8 @@ func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 	for i, ev := range events {
 		held[i] = c.startHeldQueuesPod("vm-fds-" + ev.slug)
 	}
+	heldForRemoval := c.startHeldQueuesPod("vm-fds-removal")
+	held = append(held, heldForRemoval)
 	c.checkHolderKeepsCopies(ds)
 	if t.Failed() {
 		return
@@ -83,6 +85,14 @@ func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 	}
 	t.Logf("operations on the node, each with a VM hot-plugging NICs and pods created one every %v (deploy/README.md, \"Operations\"):\n%s",
 		podLoopEvery, operationsTable(rows))
+	if t.Failed() {
+		return
+	}
+
+	// Last, as it loses what the table's events keep: napitap removed
+	// and applied again.
+	t.Log("=== kubectl delete -k, then kubectl apply -k ===")
+	ds = c.removeAndReapply(kustomization, ds, vmm, heldForRemoval)
 	if t.Failed() {
 		return
 	}
@@ -283,6 +293,84 @@ func waitedThrough(h *hotPlug, next *daemonSetPod, killed time.Time) time.Time {
 		return killed
 	}
 	return time.Time{}
+}
+
+// removeAndReapply is kubectl delete -k of the DaemonSet's kustomization
+// dir, and kubectl apply -k once it is gone: the pod goes with no
+// successor, so napitapd serves on for --successor-wait and then stops,
+// and its fd holder goes with the pod. What that loses, and only that:
+// v's seccomp listener, so its next TUNSETIFF gets ENOSYS, before the
+// re-apply and after (fact 12); the held queues of p, which a fetch
+// reopens as NAPI queues. It returns the new pod.
+func (c *cluster) removeAndReapply(dir string, ds *daemonSetPod, v *longRunningVM, p *multusPod) *daemonSetPod {
+	t := c.t
+	t.Helper()
+	start := time.Now()
+	c.kubectlMust("delete", "-k", dir, "--wait=false")
+	err := crihelp.Poll(30*time.Second, func() error {
+		if !strings.Contains(readFile(ds.log), "serving on until a new napitapd takes everything over") {
+			return fmt.Errorf("napitapd does not say it serves on after its SIGTERM")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Still served while it waits for a successor.
+	v.hotPlugAndProbe(c, "hp-removing", ds)
+	// Read before the kubelet removes the pod's logs with the pod.
+	err = crihelp.Poll(time.Minute, func() error {
+		if !strings.Contains(readFile(ds.log), `msg="no napitapd took over; stopping"`) {
+			return fmt.Errorf("napitapd did not say it stopped after its wait:\n%s", crihelp.Tail(readFile(ds.log), 2000))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	stopped := time.Since(start)
+	err = crihelp.Poll(2*time.Minute, func() error {
+		if _, err := c.kubectl("get", "namespace", daemonSetNamespace); err == nil {
+			return fmt.Errorf("namespace %s is still there", daemonSetNamespace)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := time.Since(start)
+	lostBefore := v.hotPlugRefused(c, "hp-removed")
+	c.kubectlMust("apply", "-k", dir)
+	next := c.waitDaemonSet("120s")
+	m, err := waitServing(next.log, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.servingAt = parseLogTime(m[1])
+	c.useDaemonSet(next)
+	if m[2] != "false" {
+		t.Errorf("the re-applied napitapd: %s; want it serving afresh", m[0])
+	}
+	lostAfter := v.hotPlugRefused(c, "hp-reapplied")
+	c.checkGuestAnswers(v)
+	// The held queues went with the pod; a fetch reopens them, as NAPI
+	// queues, from the state files.
+	c.fetchHeldQueues(p)
+	t.Logf("kubectl delete -k: napitapd served on for its --successor-wait and stopped %v after; the pod and namespace were gone %v after; kubectl apply -k: napitapd (pid %d) serving afresh %v after the delete. The VM's hot-plug after the removal: %s; after the re-apply: %s",
+		stopped.Round(time.Millisecond), gone.Round(time.Millisecond), next.pid, next.servingAt.Sub(start).Round(time.Millisecond), lostBefore, lostAfter)
+	return next
+}
+
+// hotPlugRefused hot-plugs id, which must fail: QEMU's TUNSETIFF gets
+// ENOSYS once no process holds the filter's listener. It returns QEMU's
+// error.
+func (v *longRunningVM) hotPlugRefused(c *cluster, id string) string {
+	h := v.hotPlug(id)
+	if h.err == nil || !strings.Contains(h.err.Error(), "Function not implemented") {
+		c.t.Errorf("netdev_add %s with napitap removed: QEMU opened %v (%v); want ENOSYS (Function not implemented)", id, h.queues, h.err)
+		return fmt.Sprint(h.err)
+	}
+	return h.err.Error()
 }
 
 // holderLost is what napitapd logs while its fd holder is gone; after
