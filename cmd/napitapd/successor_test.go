@@ -62,14 +62,7 @@ func TestWithSuccessorWaitAStoppedNapitapdServesOnForItsReplacement(t *testing.T
 					t.Fatal(err)
 				}
 			}
-			select {
-			case <-old.done:
-				if old.err != nil {
-					t.Errorf("napitapd exited with %v, want 0\n%s", old.err, old.log)
-				}
-			case <-time.After(tc.within):
-				t.Fatalf("napitapd still runs %v after SIGTERM\n%s", tc.within, old.log)
-			}
+			old.waitExit(t, tc.within, "napitapd after SIGTERM")
 			stopped := time.Since(termed)
 
 			if !tc.successor {
@@ -84,8 +77,10 @@ func TestWithSuccessorWaitAStoppedNapitapdServesOnForItsReplacement(t *testing.T
 				}
 				return
 			}
-			if !strings.Contains(next.log.String(), "tookOver=true") {
-				t.Errorf("the successor did not take over:\n%s", next.log)
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(next.log.String(), "tookOver=true"); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the successor did not take over:\n%s", next.log)
+				}
 			}
 			if n := seccompListeners(t, next.cmd.Process.Pid); n != 1 {
 				t.Errorf("the successor holds %d seccomp listeners, want 1", n)

@@ -56,17 +56,7 @@ func TestASupervisedNapitapdServesAgainAtOnceAfterEachSIGKILL(t *testing.T) {
 		}
 	}
 
-	if err := sup.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-sup.done:
-		if sup.err != nil {
-			t.Errorf("the supervisor after SIGTERM: %v, want exit 0\n%s", sup.err, sup.log)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the supervisor did not stop on SIGTERM\n%s", sup.log)
-	}
+	sup.stop(t, "the supervisor")
 	if err := syscall.Kill(worker, 0); err == nil {
 		t.Errorf("its child %d outlives the supervisor", worker)
 	}

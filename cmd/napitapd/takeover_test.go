@@ -236,9 +236,19 @@ func (d *napitapd) stop(t *testing.T, what string) {
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-d.done
-	if d.err != nil {
-		t.Errorf("%s after SIGTERM: %v", what, d.err)
+	d.waitExit(t, time.Minute, what)
+}
+
+// waitExit waits up to within for d to exit, which it must with status 0.
+func (d *napitapd) waitExit(t *testing.T, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-d.done:
+		if d.err != nil {
+			t.Errorf("%s exited with %v, want 0\n%s", what, d.err, d.log)
+		}
+	case <-time.After(within):
+		t.Fatalf("%s still runs after %v\n%s", what, within, d.log)
 	}
 }
 
@@ -276,17 +286,7 @@ func TestWithWaitAfterTakeoverTheOldNapitapdHoldsNothingAndStopsOnSIGTERM(t *tes
 		t.Errorf("the new napitapd holds %d seccomp listeners, want 1", n)
 	}
 
-	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-old.done:
-		if old.err != nil {
-			t.Errorf("the old napitapd after SIGTERM: %v, want exit 0", old.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the old napitapd did not stop on SIGTERM")
-	}
+	old.stop(t, "the old napitapd")
 	for _, path := range []string{p.socket, p.seccomp} {
 		if _, err := os.Stat(path); err != nil {
 			t.Errorf("after the old napitapd stopped: %v", err)
@@ -313,9 +313,16 @@ func launchUnderFilter(t *testing.T, seccomp string, pid int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = launched.Process.Kill(); _ = launched.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); seccompListeners(t, pid) != 1; time.Sleep(10 * time.Millisecond) {
+	// Until it runs sleep: the launch has had napitapd's answer, so a
+	// napitapd killed from now on cannot fail it.
+	comm := fmt.Sprintf("/proc/%d/comm", launched.Process.Pid)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(comm)
+		if seccompListeners(t, pid) == 1 && strings.TrimSpace(string(b)) == "sleep" {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("napitapd pid %d never got the launched process's listener", pid)
+			t.Fatalf("napitapd pid %d never got the launched process's listener, or the launch never ran sleep (%q)", pid, b)
 		}
 	}
 }

@@ -229,9 +229,9 @@ func (a *Agent) serve(l Listener, s *slot) {
 		recent.put(tid, q)
 	}
 	// The slot is a record for the next napitapd, never an input to this
-	// one's decisions: a notification it holds is acted on only once the
-	// kernel confirms it (pending, and its caller blocked in that very
-	// call), and every later one is copied out of what RECV gave napitapd.
+	// one's decisions: a notification is acted on only once the kernel
+	// confirms it (pending, and its caller blocked in that very call),
+	// whether a dead napitapd left it there or RECV just wrote it.
 	if n := *s.notif(); n.ID != 0 {
 		_ = rc.Control(func(fd uintptr) {
 			if !notifIDValid(int(fd), n.ID) {
@@ -267,13 +267,27 @@ func (a *Agent) serve(l Listener, s *slot) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) { a.answer(int(fd), &n, s, sock, recent, hook, log) })
+		_ = rc.Control(func(fd uintptr) {
+			gone, err := confirmReceived(int(fd), &n)
+			switch {
+			case gone:
+				// Its caller left the call and makes it again: a new one.
+			case err != nil:
+				log.Warn("a TUNSETIFF's record does not match its caller: left to the kernel", "pid", n.Pid, "err", err)
+				_ = notifSend(int(fd), n.ID, 0, true)
+			default:
+				a.answer(int(fd), &n, s, sock, recent, hook, log)
+			}
+		})
 	}
 }
 
-// recvReady takes a pending notification into n if there is one, without
-// blocking (the kernel's RECV ignores O_NONBLOCK, so poll first), and
-// records it in the slot.
+// recvReady takes a pending notification if there is one, without
+// blocking (the kernel's RECV ignores O_NONBLOCK, so poll first): RECV
+// writes it into the slot's record, so that a napitapd killed from then
+// on leaves it to the next (the kernel marks it received, and never hands
+// it out again), and it is copied into n, which the caller confirms
+// before acting on it: the slot is shared memory.
 func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 	for {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
@@ -285,12 +299,12 @@ func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 		}
 		switch {
 		case pfd[0].Revents&unix.POLLIN != 0:
-			err := notifRecv(fd, n)
+			err := notifRecv(fd, record)
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
 				continue // the caller was killed meanwhile
 			}
 			if err == nil {
-				*record = *n
+				*n = *record
 			}
 			return err == nil, false, err
 		case pfd[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:

@@ -1,10 +1,12 @@
 package seccompagent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -74,6 +76,32 @@ func notifSend(listener int, id uint64, errno unix.Errno, cont bool) error {
 	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 }
 
+// errRunning: the thread is not asleep in a syscall, so /proc cannot say
+// which it makes.
+var errRunning = errors.New("the thread is running")
+
+// confirmReceived is confirmPending for a notification RECV has just
+// given: the kernel queues it before its caller sleeps, so a running
+// caller is waited for, briefly. gone: the notification is no longer
+// pending (a signal took its caller out of the call), and there is
+// nothing to answer.
+func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
+	for range 2000 {
+		err = confirmPending(n)
+		if err == nil {
+			return false, nil
+		}
+		if !notifIDValid(listener, n.ID) {
+			return true, err
+		}
+		if !errors.Is(err, errRunning) {
+			return false, err
+		}
+		time.Sleep(25 * time.Microsecond)
+	}
+	return false, err
+}
+
 // confirmPending checks n, a notification read back from a slot, with the
 // kernel: its thread must be blocked in that very syscall with those
 // arguments (/proc/TID/syscall: the number, then the arguments in hex).
@@ -85,6 +113,9 @@ func confirmPending(n *seccompNotif) error {
 		return err
 	}
 	f := strings.Fields(string(b))
+	if len(f) == 1 && f[0] == "running" {
+		return errRunning
+	}
 	if len(f) < 4 || f[0] != strconv.Itoa(int(n.Data.Nr)) {
 		return fmt.Errorf("thread %d is in syscall %q, not %d", n.Pid, strings.TrimSpace(string(b)), n.Data.Nr)
 	}

@@ -52,7 +52,7 @@ func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 	// Before: a VM whose QEMU opened its queues by name (intercept), and a
 	// pod whose queues napitapd holds (fds) for each event, to fetch after
 	// it: a fetch takes the held queues away.
-	vmm := c.startLongRunningVM(kernel, initrd)
+	vmm := c.startLongRunningVM("vm-upgrade", kernel, initrd)
 	events := c.operatorEvents(repo, vmm)
 	held := make([]*multusPod, len(events))
 	for i, ev := range events {
@@ -97,10 +97,20 @@ func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 		return
 	}
 
+	// And napitapd killed with its fd holder, under a VM started since.
+	t.Log("=== kill -9 of napitapd and its fd holder together ===")
+	last := c.startLongRunningVM("vm-last", kernel, initrd)
+	heldForBoth := c.startHeldQueuesPod("vm-fds-both")
+	held = append(held, heldForBoth)
+	ds = c.killWithHolder(ds, last, heldForBoth)
+	if t.Failed() {
+		return
+	}
+
 	// Nothing leaks: kubectl delete of every pod leaves no tap, attachment,
 	// state, lease or listener, in napitapd or in its fd holder.
 	t.Log("=== kubectl delete of the VM pods ===")
-	c.deleteAndCheckGone(ds, vmm, held)
+	c.deleteAndCheckGone(ds, []*longRunningVM{vmm, last}, held)
 	c.checkDaemonSetLog(ds)
 	c.checkHolderLog(ds)
 	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
@@ -371,6 +381,51 @@ func (v *longRunningVM) hotPlugRefused(c *cluster, id string) string {
 		return fmt.Sprint(h.err)
 	}
 	return h.err.Error()
+}
+
+// killWithHolder SIGKILLs napitapd's container process, napitapd and the
+// fd holder at once (pkill -9 -f napitap on the node): the last copies of
+// the seccomp listeners close. What that loses, and only that: v's
+// listener, so its next TUNSETIFF gets ENOSYS; p's held queues, which a
+// fetch reopens as NAPI queues. The kubelet restarts both containers,
+// and pods created after start as ever. It returns the pod, served again.
+func (c *cluster) killWithHolder(ds *daemonSetPod, v *longRunningVM, p *multusPod) *daemonSetPod {
+	t := c.t
+	t.Helper()
+	before, err := c.daemonSetPodStatus(ds.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := c.fdstorePid(ds.name)
+	killed := time.Now()
+	for _, pid := range []int{ds.supervisor, ds.pid, holder} {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logPath := filepath.Join(before.napitapdLogDir, fmt.Sprintf("%d.log", before.napitapdRestarts+1))
+	m, err := waitServingSince(logPath, killed, 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := c.waitDaemonSet("120s")
+	next.servingAt = parseLogTime(m[1])
+	// Started before the holder was back, it may have found none.
+	next.allowWarn = append(next.allowWarn, regexp.MustCompile(`level=WARN msg="fd holder: none; serving afresh"`))
+	c.useDaemonSet(next)
+	if after, err := c.daemonSetPodStatus(next.name); err != nil || after.fdstoreRestarts != before.fdstoreRestarts+1 {
+		t.Errorf("the fd holder's container: %+v (%v), want it restarted once", after, err)
+	}
+	lost := v.hotPlugRefused(c, "hp-both")
+	c.checkGuestAnswers(v)
+	c.fetchHeldQueues(p)
+	loop := c.startPodLoop("afterboth")
+	loop.waitCreated(podLoopMin)
+	pods := c.finishPodLoop(loop, time.Time{}, time.Time{})
+	c.checkHolderKeepsCopies(next)
+	t.Logf("kill -9 of napitapd with its fd holder: the kubelet restarted both; napitapd (pid %d) served afresh %v after the kill (tookOver=%s). The VM's hot-plug after: %s; its guest answers; the held queues reopened as NAPI queues on fetch; %d pods created after, %d failed",
+		next.pid, next.servingAt.Sub(killed).Round(time.Millisecond), m[2], lost, pods.created, pods.failed)
+	return next
 }
 
 // holderLost is what napitapd logs while its fd holder is gone; after

@@ -74,13 +74,13 @@ const hotPlugNetwork = "napitap-hotplug"
 // ever.
 const guestStaysUp = "NAPITAP-GUEST-STAYS-UP"
 
-func (c *cluster) startLongRunningVM(kernel, initrd string) *longRunningVM {
+func (c *cluster) startLongRunningVM(name, kernel, initrd string) *longRunningVM {
 	t := c.t
 	t.Helper()
 	start := time.Now()
 	podIf := kubeVirtPodIfName(vmNetwork)
 	hpIf := kubeVirtPodIfName(hotPlugNetwork)
-	v := &longRunningVM{vmPod: &vmPod{pod: pod{name: "vm-upgrade", queues: 2}, outDir: filepath.Join(c.root, "vm-upgrade")},
+	v := &longRunningVM{vmPod: &vmPod{pod: pod{name: name, queues: 2}, outDir: filepath.Join(c.root, name)},
 		podIf: podIf, tap: kubeVirtTapName(podIf), hpIf: hpIf, hpTap: kubeVirtTapName(hpIf)}
 	v.qmp = filepath.Join(v.outDir, "qmp.sock")
 	if err := os.MkdirAll(v.outDir, 0o777); err != nil {
@@ -1381,19 +1381,24 @@ func (c *cluster) warningEvents() []podWarning {
 // deleteAndCheckGone deletes the VM pods and checks that nothing of
 // theirs is left: taps, attachments, state files, leases, seccomp
 // listeners, and no copy in the fd holder.
-func (c *cluster) deleteAndCheckGone(ds *daemonSetPod, v *longRunningVM, held []*multusPod) {
+func (c *cluster) deleteAndCheckGone(ds *daemonSetPod, vms []*longRunningVM, held []*multusPod) {
 	t := c.t
 	t.Helper()
 	start := time.Now()
-	names := []string{v.name}
+	var names []string
+	for _, v := range vms {
+		names = append(names, v.name)
+	}
 	for _, p := range held {
 		names = append(names, p.name)
 	}
 	c.kubectlMust(append([]string{"delete", "pod", "-n", podNamespace, "--wait", "--timeout=180s"}, names...)...)
 	t.Logf("kubectl delete of %v: %v", names, time.Since(start).Round(time.Millisecond))
-	for _, want := range []nodecheck.Expect{v.want, v.wantHP} {
-		if err := crihelp.Poll(30*time.Second, func() error { return nodecheck.Gone(v.netns, want) }); err != nil {
-			t.Errorf("pod %s after kubectl delete: %v", v.name, err)
+	for _, v := range vms {
+		for _, want := range []nodecheck.Expect{v.want, v.wantHP} {
+			if err := crihelp.Poll(30*time.Second, func() error { return nodecheck.Gone(v.netns, want) }); err != nil {
+				t.Errorf("pod %s after kubectl delete: %v", v.name, err)
+			}
 		}
 	}
 	for _, p := range held {
