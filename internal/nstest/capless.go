@@ -19,11 +19,19 @@ func CaplessRoot(t testing.TB, name string, args ...string) *exec.Cmd {
 // AsCaplessRoot makes cmd run as CaplessRoot's does, through setpriv.
 func AsCaplessRoot(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
 	t.Helper()
+	return AsRootWithout(t, cmd, "all")
+}
+
+// AsRootWithout makes cmd run as uid 0 without caps (setpriv's names:
+// "dac_override", or "all") in any of its sets, through setpriv.
+func AsRootWithout(t testing.TB, cmd *exec.Cmd, caps ...string) *exec.Cmd {
+	t.Helper()
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Fatalf("setpriv (util-linux): %v", err)
 	}
-	cmd.Args = append([]string{setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", cmd.Path}, cmd.Args[1:]...)
+	drop := "-" + strings.Join(caps, ",-")
+	cmd.Args = append([]string{setpriv, "--inh-caps=" + drop, "--ambient-caps=" + drop, "--bounding-set=" + drop, "--", cmd.Path}, cmd.Args[1:]...)
 	cmd.Path = setpriv
 	return cmd
 }

@@ -69,6 +69,15 @@ func TestMain(m *testing.M) {
 		os.Exit(runTarget())
 	case "agent":
 		os.Exit(runAgent())
+	case "read-syscall":
+		pid, _ := strconv.Atoi(os.Getenv(specEnv))
+		b, err := readSyscall(uint32(pid))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "readSyscall:", err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(b)
+		os.Exit(0)
 	case "launch-sleep":
 		err := Launch(os.Getenv(socketEnv), []string{"sleep", "30"}, os.Environ())
 		fmt.Fprintln(os.Stderr, "launch:", err)

@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/threadcred"
 )
 
 // The kernel's struct seccomp_data, seccomp_notif and seccomp_notif_resp
@@ -102,13 +104,34 @@ func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
 	return false, err
 }
 
+// readSyscall reads /proc/TID/syscall. The file is mode 0400 and its
+// thread's owner's, and napitapd has no CAP_DAC_OVERRIDE (the DaemonSet
+// gives it none): it reads it as that owner, keeping CAP_SYS_PTRACE for
+// the ptrace check /proc makes too.
+func readSyscall(tid uint32) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/syscall", tid)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil, err
+	}
+	if st.Uid == uint32(os.Geteuid()) {
+		return os.ReadFile(path)
+	}
+	var b []byte
+	err := threadcred.Run(threadcred.Creds{UID: st.Uid, GID: st.Gid, Caps: 1 << unix.CAP_SYS_PTRACE}, func() (err error) {
+		b, err = os.ReadFile(path)
+		return err
+	})
+	return b, err
+}
+
 // confirmPending checks n, a notification read back from a slot, with the
 // kernel: its thread must be blocked in that very syscall with those
 // arguments (/proc/TID/syscall: the number, then the arguments in hex).
 // The caller has checked n.ID (notifIDValid); this makes sure Pid and
 // Args, which the kernel cannot be asked for by ID, are the caller's.
 func confirmPending(n *seccompNotif) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", n.Pid))
+	b, err := readSyscall(n.Pid)
 	if err != nil {
 		return err
 	}
