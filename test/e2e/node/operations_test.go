@@ -202,9 +202,11 @@ func (c *cluster) operatorEvents(repo string, v *longRunningVM) []operatorEvent 
 	return events
 }
 
-// criDown is a sandbox the kubelet could not ask containerd for while it
-// restarted: the kubelet's, retried; napitap was never called.
-var criDown = regexp.MustCompile(`^FailedCreatePodSandBox .*code = Unavailable .*containerd\.sock`)
+// criDown is a sandbox the kubelet could not ask containerd for, or whose
+// request containerd dropped, as it restarted: a CRI transport error,
+// retried by the kubelet (finishPodLoop still checks that the pod
+// started and left nothing behind).
+var criDown = regexp.MustCompile(`^FailedCreatePodSandBox .*rpc error: code = Unavailable desc = (connection error: .*containerd\.sock|error reading from server: EOF)`)
 
 // operationsTable is rows as a markdown table.
 func operationsTable(rows []operationRow) string {
