@@ -75,14 +75,18 @@
 // rollout, kill -9 of napitapd three times in a row (its supervisor starts
 // it again) and of its container (the kubelet does), kill -9 of the fd
 // holder, kubectl delete pod (the replacement takes over from the
-// terminating pod), kubelet and containerd restarts, a rollout to an image
-// that cannot be pulled and its undo, an upgrade, and a rollout whose
-// takeover a fault-hook build refuses (the new pod stays unready). After
+// terminating pod), kubelet and containerd restarts, rollouts to an image
+// that cannot be pulled and to one whose napitapd cannot start, each
+// undone, an upgrade, and a rollout whose takeover a fault-hook build
+// refuses (the new pod stays unready). After
 // each, a NIC QEMU hot-plugs by name (netdev_add, also during the events
 // that leave time to) gets NAPI queues that GRO merges on, the held
 // queues are still held and fetch as NAPI queues, the fd holder holds
 // napitapd's files, and pods created one every 1.5 s during the event all
 // start; it prints a table of the events, which deploy/README.md carries.
+// Last come the two that lose the VMs' listeners, each checked for losing
+// exactly that: kubectl delete -k then apply -k, and napitapd killed with
+// its fd holder (under a second VM).
 //
 // Needs root, containerd 1.6, runc, nsenter, unshare, busybox and QEMU
 // (hack/deps.sh), crictl (hack/crictl.sh) and the build.sh and multus.sh

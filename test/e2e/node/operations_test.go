@@ -185,8 +185,14 @@ func (c *cluster) operatorEvents(repo string, v *longRunningVM) []operatorEvent 
 			return ds, outcome{note: fmt.Sprintf("containerd gone %v; napitapd served on, untouched", down.Round(time.Millisecond))}
 		}, criDown},
 		operatorEvent{"rollout to an image that cannot be pulled, then kubectl rollout undo", "broken", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
-			took, stuck := c.brokenRolloutUndone(ds, v)
+			took, stuck := c.brokenRolloutUndone(ds, v, "*", brokenImage)
 			return ds, outcome{vmmWait: took, note: fmt.Sprintf("the new pod never started (%s); the old pod served on, untouched, and stayed after the undo", stuck)}
+		}, nil},
+		operatorEvent{"rollout to an image whose napitapd cannot start, then kubectl rollout undo", "crashing", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
+			// The pause image has no /usr/local/bin/napitapd: the
+			// container fails at each start, as a crashing build does.
+			took, stuck := c.brokenRolloutUndone(ds, v, "napitapd", crihelp.PauseRef)
+			return ds, outcome{vmmWait: took, note: fmt.Sprintf("the new pod's napitapd failed at each start (%s) and the pod was never Ready; the old pod served on, untouched, and stayed after the undo", stuck)}
 		}, nil},
 		operatorEvent{"kubectl set image (an upgrade)", "upgrade", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
 			c.importImage(repo, faultsImage, "-tags="+faultsTag)
@@ -518,30 +524,37 @@ const brokenImage = "napinode.local/napitap:e2e-missing"
 // brokenHold is how long brokenRolloutUndone watches the stuck rollout.
 const brokenHold = 20 * time.Second
 
-// brokenRolloutUndone rolls the DaemonSet out to brokenImage: the new pod
-// never runs napitapd, and for brokenHold the old pod must serve on,
+// brokenRolloutUndone rolls the DaemonSet's container (or "*": every
+// one) out to image, which never runs napitapd: for brokenHold the new pod
+// must stay unready and the old pod serve on,
 // Ready (a hot-plug of v's answered meanwhile). Then kubectl rollout undo:
 // the controller deletes the new pod and the old one, the current
 // revision again, stays with the same napitapd. It returns the hot-plug's
 // time and why the new pod was stuck.
-func (c *cluster) brokenRolloutUndone(ds *daemonSetPod, v *longRunningVM) (time.Duration, string) {
+func (c *cluster) brokenRolloutUndone(ds *daemonSetPod, v *longRunningVM, container, image string) (time.Duration, string) {
 	t := c.t
 	t.Helper()
-	c.kubectlMust("set", "image", "-n", daemonSetNamespace, "daemonset/napitap", "*="+brokenImage)
+	c.kubectlMust("set", "image", "-n", daemonSetNamespace, "daemonset/napitap", container+"="+image)
 	var stuck, next string
 	err := crihelp.Poll(2*time.Minute, func() error {
 		out, err := c.kubectl("get", "pods", "-n", daemonSetNamespace, "-l", "app.kubernetes.io/name=napitap", "-o",
-			`jsonpath={range .items[*]}{.metadata.name} {.status.initContainerStatuses[0].state.waiting.reason}{"\n"}{end}`)
+			`jsonpath={range .items[*]}{.metadata.name} {.status.initContainerStatuses[*].state.waiting.reason} {.status.containerStatuses[*].state.waiting.reason} {.status.containerStatuses[*].lastState.terminated.reason}{"\n"}{end}`)
 		if err != nil {
 			return err
 		}
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] != ds.name && strings.Contains(f[1], "Image") {
-				next, stuck = f[0], f[1]
-				return nil
+			f := strings.Fields(line)
+			if len(f) < 2 || f[0] == ds.name {
+				continue
+			}
+			for _, why := range f[1:] {
+				if strings.Contains(why, "Image") || strings.Contains(why, "Error") || why == "CrashLoopBackOff" {
+					next, stuck = f[0], why
+					return nil
+				}
 			}
 		}
-		return fmt.Errorf("no new pod waiting on its image yet:\n%s", out)
+		return fmt.Errorf("no new pod stuck yet:\n%s", out)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -550,6 +563,9 @@ func (c *cluster) brokenRolloutUndone(ds *daemonSetPod, v *longRunningVM) (time.
 	for deadline := time.Now().Add(brokenHold); time.Now().Before(deadline) && !t.Failed(); time.Sleep(2 * time.Second) {
 		if ready, err := c.podReady(ds.name); err != nil || !ready {
 			t.Fatalf("old pod %s: Ready %v (%v) while the rollout is stuck, want it serving on", ds.name, ready, err)
+		}
+		if ready, _ := c.podReady(next); ready {
+			t.Fatalf("new pod %s is Ready, though its napitapd never ran", next)
 		}
 		c.checkServedBy(ds)
 		if took == 0 {
@@ -567,8 +583,8 @@ func (c *cluster) brokenRolloutUndone(ds *daemonSetPod, v *longRunningVM) (time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("rollout to %s: pod %s stuck (%s) for %v with pod %s serving; kubectl rollout undo removed it in %v",
-		brokenImage, next, stuck, brokenHold, ds.name, time.Since(start).Round(time.Millisecond))
+	t.Logf("rollout of %s to %s: pod %s stuck (%s) for %v with pod %s serving; kubectl rollout undo removed it in %v",
+		container, image, next, stuck, brokenHold, ds.name, time.Since(start).Round(time.Millisecond))
 	c.checkSameNapitapd(ds, "the undo")
 	return took, stuck
 }
