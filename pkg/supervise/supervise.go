@@ -72,8 +72,12 @@ func Run(log *slog.Logger, p Policy, newCmd func() *exec.Cmd) (int, error) {
 			}
 		}
 		sig, killed := killedBy(err)
-		if !killed || stopping {
+		switch {
+		case !killed:
 			return cmd.ProcessState.ExitCode(), nil
+		case stopping:
+			// As a shell reports a signal's death (ExitCode says -1).
+			return 128 + int(sig), nil
 		}
 		now := time.Now()
 		restarts = append(restarts, now)
