@@ -215,6 +215,10 @@ type Attachment struct {
 	// ForDelete loads for DEL: only what names the attachment's objects is
 	// checked, so DEL can clean up after any ADD that failed on a value.
 	ForDelete bool
+	// AllowUnknown ignores keys napitap does not know, for what cleans up
+	// (DEL, GC) after a config of another version; ADD, CHECK and STATUS
+	// refuse them.
+	AllowUnknown bool
 }
 
 // Load parses a network config for att. Errors are *types.Error: code 6 for
@@ -223,6 +227,11 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	var nc NetConf
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return nil, decodeError(err)
+	}
+	if !att.AllowUnknown {
+		if err := unknownKeys(stdin); err != nil {
+			return nil, err
+		}
 	}
 	if !slices.Contains(SupportedVersions, nc.CNIVersion) {
 		return nil, invalid("cniVersion", "%q is not supported (supported: %s)", nc.CNIVersion, strings.Join(SupportedVersions, ", "))

@@ -278,6 +278,30 @@ func TestLoadRejectsInvalidConfig(t *testing.T) {
 	}
 }
 
+// A typo in a key would run with the default; it is refused, naming the
+// key and the one that was meant.
+func TestLoadRefusesUnknownKeys(t *testing.T) {
+	tests := []struct {
+		name, extra, field, want string
+	}{
+		{"a misspelt queues is refused with the right spelling", `"queus":4`, "queus", `did you mean "queues"?`},
+		{"a handoff with two letters swapped is refused", `"hadnoff":{"mode":"intercept"}`, "hadnoff", `did you mean "handoff"?`},
+		{"a key in the wrong case is refused with its case", `"Queues":4`, "Queues", `did you mean "queues"?`},
+		{"a misspelt key inside handoff is refused naming its path", `"handoff":{"mdoe":"intercept"}`, "handoff.mdoe", `did you mean "mode"?`},
+		{"a misspelt key inside kataDan is refused naming its path", `"kataDan":{"enabeld":true}`, "kataDan.enabeld", `did you mean "enabled"?`},
+		{"a key like no other is refused listing the known ones", `"someFutureKnob":1`, "someFutureKnob", "known: args, bridge,"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.Load([]byte(conf(tt.extra)), att("net1"))
+			wantCNIError(t, err, types.ErrInvalidNetworkConfig, tt.field)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Load: %v, want it to say %s", err, tt.want)
+			}
+		})
+	}
+}
+
 func TestLoadAcceptsBoundaryValues(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -299,7 +323,7 @@ func TestLoadAcceptsBoundaryValues(t *testing.T) {
 		{"ipam with defaulted wiring is accepted", `"ipam":{"type":"host-local"}`},
 		{"a bridge field with bridge wiring is accepted", `"wiring":"bridge","bridge":"br0"`},
 		{"null knobs fall back to defaults", `"queues":null,"napi":null`},
-		{"unknown fields are ignored", `"capabilities":{"mac":true},"someFutureKnob":1`},
+		{"the keys runtimes add, and namespaced ones, are accepted", `"capabilities":{"mac":true},"runtimeConfig":{"portMappings":[]},"args":{"cni":{"queues":2},"k8s":{"x":1}},"example.com/knob":1`},
 		{"a unicast mac in dash notation is accepted", `"mac":"02-00-00-00-00-01"`},
 	}
 	for _, tt := range tests {
@@ -808,7 +832,7 @@ func TestThreadedNAPIDefault(t *testing.T) {
 func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 	del := func(ifName, cniArgs string) config.Attachment {
 		a := att(ifName)
-		a.CNIArgs, a.ForDelete = cniArgs, true
+		a.CNIArgs, a.ForDelete, a.AllowUnknown = cniArgs, true, true
 		return a
 	}
 	loaded := []struct {
@@ -823,6 +847,7 @@ func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 		{"an unknown wiring", conf(`"wiring":"vxlan"`), ""},
 		{"vnetHdrSize 11", conf(`"vnetHdrSize":11`), ""},
 		{"an unknown root qdisc", conf(`"rootQdisc":"fq"`), ""},
+		{"a key this version does not know", conf(`"someFutureKnob":1,"handoff":{"someFutureMode":true}`), ""},
 	}
 	for _, tt := range loaded {
 		t.Run("DEL loads a config with "+tt.name, func(t *testing.T) {

@@ -233,7 +233,7 @@ func buildResult(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gues
 
 func cmdDel(args *skel.CmdArgs) error {
 	att := attachment(args, true)
-	att.ForDelete = true
+	att.ForDelete, att.AllowUnknown = true, true
 	conf, err := config.Load(args.StdinData, att)
 	if err != nil {
 		return err
@@ -469,7 +469,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 // cmdGC releases what napitapd holds for attachments of this network that
 // are not in cni.dev/valid-attachments, and passes GC on to IPAM.
 func cmdGC(args *skel.CmdArgs) error {
-	conf, err := config.Load(args.StdinData, config.Attachment{CNIArgs: args.Args})
+	conf, err := config.Load(args.StdinData, config.Attachment{CNIArgs: args.Args, AllowUnknown: true})
 	if err != nil {
 		return err
 	}

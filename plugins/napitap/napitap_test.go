@@ -496,6 +496,12 @@ func TestFailedAddLeavesNothing(t *testing.T) {
 			wantCode: types.ErrInvalidNetworkConfig,
 		},
 		{
+			name:     "a misspelt key is a config error, not a default",
+			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","queus":4}`} },
+			ifName:   "tap0",
+			wantCode: types.ErrInvalidNetworkConfig,
+		},
+		{
 			name:     "tc-redirect without a previous plugin is a config error",
 			plugins:  func(e *cnitest.Env) []string { return []string{`{"type":"napitap","wiring":"tc-redirect"}`} },
 			ifName:   "eth0",
