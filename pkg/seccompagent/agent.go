@@ -232,18 +232,26 @@ func (a *Agent) serve(l Listener, s *slot) {
 	// one's decisions: a notification is acted on only once the kernel
 	// confirms it (pending, and its caller blocked in that very call),
 	// whether a dead napitapd left it there or RECV just wrote it.
+	confirmAndAnswer := func(fd int, n *seccompNotif, confirmed string) {
+		gone, err := confirmReceived(fd, n)
+		switch {
+		case gone:
+			// Its caller left the call and makes it again: a new one.
+		case err != nil:
+			log.Warn("a TUNSETIFF's record does not match its caller: left to the kernel", "pid", n.Pid, "err", err)
+			_ = notifSend(fd, n.ID, 0, true)
+		default:
+			if confirmed != "" {
+				log.Info(confirmed, "pid", n.Pid)
+			}
+			a.answer(fd, n, s, sock, recent, hook, log)
+		}
+	}
 	if n := *s.notif(); n.ID != 0 {
 		_ = rc.Control(func(fd uintptr) {
-			if !notifIDValid(int(fd), n.ID) {
-				return
+			if notifIDValid(int(fd), n.ID) {
+				confirmAndAnswer(int(fd), &n, "answering a TUNSETIFF the previous napitapd received and never answered")
 			}
-			if err := confirmPending(&n); err != nil {
-				log.Warn("the previous napitapd's record of a TUNSETIFF does not match its caller: left to the kernel", "pid", n.Pid, "err", err)
-				_ = notifSend(int(fd), n.ID, 0, true)
-				return
-			}
-			log.Info("answering a TUNSETIFF the previous napitapd received and never answered", "pid", n.Pid)
-			a.answer(int(fd), &n, s, sock, recent, hook, log)
 		})
 	}
 	var n seccompNotif
@@ -267,18 +275,7 @@ func (a *Agent) serve(l Listener, s *slot) {
 			exited = true
 			return
 		}
-		_ = rc.Control(func(fd uintptr) {
-			gone, err := confirmReceived(int(fd), &n)
-			switch {
-			case gone:
-				// Its caller left the call and makes it again: a new one.
-			case err != nil:
-				log.Warn("a TUNSETIFF's record does not match its caller: left to the kernel", "pid", n.Pid, "err", err)
-				_ = notifSend(int(fd), n.ID, 0, true)
-			default:
-				a.answer(int(fd), &n, s, sock, recent, hook, log)
-			}
-		})
+		_ = rc.Control(func(fd uintptr) { confirmAndAnswer(int(fd), &n, "") })
 	}
 }
 

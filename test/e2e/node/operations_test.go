@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/napitap/napitap/test/e2e/crihelp"
-	"github.com/napitap/napitap/test/e2e/vm"
 )
 
 // TestVMsKeepNAPIQueuesThroughEveryOperatorEvent is issue 27's proof on
@@ -33,15 +32,7 @@ import (
 // ("Operations") carries.
 func TestVMsKeepNAPIQueuesThroughEveryOperatorEvent(t *testing.T) {
 	testStart := time.Now()
-	crihelp.RequireTools(t, "qemu-system-x86_64", "bash", "busybox")
-	repo, err := crihelp.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel, initrd, err := vm.Artifacts(filepath.Join(repo, ".cache", "vm"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo, kernel, initrd := vmArtifacts(t, "busybox")
 	c := startDaemonSetCluster(t, crihelp.Config{Name: "napinodeup", Subnet: podSubnet})
 	kustomization, ds := c.deployDaemonSet(repo)
 	c.checkServedBy(ds)
@@ -254,14 +245,8 @@ func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSet
 		t.Fatal(err)
 	}
 	whileDead := v.hotPlugAsync("hp-container")
-	logPath := filepath.Join(before.napitapdLogDir, fmt.Sprintf("%d.log", before.napitapdRestarts+1))
-	m, err := waitServingSince(logPath, killed, 2*time.Minute)
-	if err != nil {
-		out, _ := c.kubectl("describe", "-n", daemonSetNamespace, "pods")
-		t.Fatalf("after the SIGKILL of napitapd's container: %v\n%s", err, out)
-	}
-	serving := parseLogTime(m[1])
-	next := c.waitDaemonSet("120s")
+	next, m := c.waitRestartedContainer(before, killed)
+	serving := next.servingAt
 	after, err := c.daemonSetPodStatus(next.name)
 	switch {
 	case err != nil:
@@ -274,7 +259,6 @@ func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSet
 	if procName(ds.pid) == "napitapd" {
 		t.Errorf("the killed container's napitapd, pid %d, still runs", ds.pid)
 	}
-	next.servingAt = serving
 	c.useDaemonSet(next)
 	c.checkLogClean("the killed container's napitapd", readFile(ds.log), ds.allowWarn...)
 	out := outcome{down: killed, up: serving, gap: serving.Sub(killed)}
@@ -391,6 +375,23 @@ func (v *longRunningVM) hotPlugRefused(c *cluster, id string) string {
 	return h.err.Error()
 }
 
+// waitRestartedContainer waits for the kubelet's restart of napitapd's
+// container, whose status before the kill at killed was before, and for
+// its napitapd to serve; it returns the pod, and the serving line's match.
+func (c *cluster) waitRestartedContainer(before dsPodStatus, killed time.Time) (*daemonSetPod, []string) {
+	t := c.t
+	t.Helper()
+	logPath := filepath.Join(before.napitapdLogDir, fmt.Sprintf("%d.log", before.napitapdRestarts+1))
+	m, err := waitServingSince(logPath, killed, 2*time.Minute)
+	if err != nil {
+		out, _ := c.kubectl("describe", "-n", daemonSetNamespace, "pods")
+		t.Fatalf("after the SIGKILL of napitapd's container: %v\n%s", err, out)
+	}
+	next := c.waitDaemonSet("120s")
+	next.servingAt = parseLogTime(m[1])
+	return next, m
+}
+
 // killWithHolder SIGKILLs napitapd's container process, napitapd and the
 // fd holder at once (pkill -9 -f napitap on the node): the last copies of
 // the seccomp listeners close. What that loses, and only that: v's
@@ -411,13 +412,7 @@ func (c *cluster) killWithHolder(ds *daemonSetPod, v *longRunningVM, p *multusPo
 			t.Fatal(err)
 		}
 	}
-	logPath := filepath.Join(before.napitapdLogDir, fmt.Sprintf("%d.log", before.napitapdRestarts+1))
-	m, err := waitServingSince(logPath, killed, 2*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next := c.waitDaemonSet("120s")
-	next.servingAt = parseLogTime(m[1])
+	next, m := c.waitRestartedContainer(before, killed)
 	// Started before the holder was back, it may have found none.
 	next.allowWarn = append(next.allowWarn, regexp.MustCompile(`level=WARN msg="fd holder: none; serving afresh"`))
 	c.useDaemonSet(next)

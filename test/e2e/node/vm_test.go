@@ -55,15 +55,7 @@ const (
 // delete leaves no tap, no attachment and no listener in napitapd.
 func TestVMPodsGetNAPIQueuesThroughTheSeccompAgent(t *testing.T) {
 	testStart := time.Now()
-	crihelp.RequireTools(t, "qemu-system-x86_64", "bash")
-	repo, err := crihelp.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel, initrd, err := vm.Artifacts(filepath.Join(repo, ".cache", "vm"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo, kernel, initrd := vmArtifacts(t)
 	c := startDaemonSetCluster(t, crihelp.Config{Name: "napinodevm", Subnet: podSubnet})
 	n := c.node
 	// The DaemonSet installs the profiles and serves the agent's socket:
@@ -513,3 +505,19 @@ func readFile(p string) string {
 }
 
 func tailFile(p string, n int) string { return crihelp.Tail(readFile(p), n) }
+
+// vmArtifacts is the repository root and the guest's kernel and initramfs
+// (cached in .cache/vm), once QEMU, bash and tools are found.
+func vmArtifacts(t *testing.T, tools ...string) (repo, kernel, initrd string) {
+	t.Helper()
+	crihelp.RequireTools(t, append([]string{"qemu-system-x86_64", "bash"}, tools...)...)
+	repo, err := crihelp.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel, initrd, err = vm.Artifacts(filepath.Join(repo, ".cache", "vm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repo, kernel, initrd
+}
