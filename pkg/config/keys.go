@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -27,10 +28,14 @@ func checkKeys(raw json.RawMessage, where string, t reflect.Type) error {
 		if slices.Contains(known, k) || strings.ContainsAny(k, "./") {
 			continue
 		}
-		if near := nearest(k, known); near != "" {
-			return invalid(where+k, "unknown key; did you mean %q?", near)
+		name := where + k
+		if strings.TrimSpace(k) == "" {
+			name = where + fmt.Sprintf("%q", k) // an error names what is at fault
 		}
-		return invalid(where+k, "unknown key (known: %s)", strings.Join(known, ", "))
+		if near := nearest(k, known); near != "" {
+			return invalid(name, "unknown key; did you mean %q?", near)
+		}
+		return invalid(name, "unknown key (known: %s)", strings.Join(known, ", "))
 	}
 	return nil
 }
