@@ -29,8 +29,10 @@ func checkKeys(raw json.RawMessage, where string, t reflect.Type) error {
 			continue
 		}
 		name := where + k
-		if strings.TrimSpace(k) == "" {
-			name = where + fmt.Sprintf("%q", k) // an error names what is at fault
+		if !plainKey(k) {
+			// Quoted, so the message still starts with what is at fault
+			// when the key is blank or holds ": ".
+			name = where + fmt.Sprintf("%q", k)
 		}
 		if near := nearest(k, known); near != "" {
 			return invalid(name, "unknown key; did you mean %q?", near)
@@ -38,6 +40,13 @@ func checkKeys(raw json.RawMessage, where string, t reflect.Type) error {
 		return invalid(name, "unknown key (known: %s)", strings.Join(known, ", "))
 	}
 	return nil
+}
+
+// plainKey reports whether k is letters, digits, '_' and '-' only.
+func plainKey(k string) bool {
+	return k != "" && strings.IndexFunc(k, func(r rune) bool {
+		return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) < 0
 }
 
 // jsonKeys are the keys encoding/json decodes into t's fields, those of
