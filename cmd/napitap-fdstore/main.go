@@ -2,13 +2,15 @@
 // crashes and restarts gets them back (see package fdstore). It runs as a
 // native sidecar in napitapd's pod, the socket in an emptyDir they share.
 //
-//	napitap-fdstore [--socket PATH] [--max-files N]
+//	napitap-fdstore [--socket PATH] [--max-files N] [--plain-queue-after D]
 //
-// SIGTERM or SIGINT closes every fd it holds and exits 0. Go raises the
+// After D with no napitapd connected, a VMM's TUNSETIFF waiting under
+// napitap's filter goes on in the kernel (package plainqueue). SIGTERM or SIGINT closes every fd it holds and exits 0. Go raises the
 // soft RLIMIT_NOFILE to the hard one at start, which the fds need.
 package main
 
 import (
+	"context"
 	"flag"
 	"log/slog"
 	"os"
@@ -18,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/fdstore"
+	"github.com/napitap/napitap/pkg/plainqueue"
 )
 
 func main() {
@@ -30,9 +33,11 @@ func main() {
 	}
 	socket := flag.String("socket", fdstore.DefaultSocket, "the unix socket napitapd connects to")
 	maxFiles := flag.Int("max-files", fdstore.DefaultMaxFiles, "the most fds held, in all entries")
+	plainAfter := flag.Duration("plain-queue-after", plainqueue.DefaultAfter,
+		"with no napitapd for this long, a VMM's waiting TUNSETIFF opens a queue without NAPI; 0: it waits for napitapd")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if flag.NArg() > 0 || *maxFiles < 1 {
+	if flag.NArg() > 0 || *maxFiles < 1 || *plainAfter < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -44,6 +49,11 @@ func main() {
 	}
 	h := fdstore.NewHolder(log)
 	h.MaxFiles = *maxFiles
+	if *plainAfter > 0 {
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		go plainqueue.Run(ctx, h, *plainAfter, log)
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -52,7 +62,7 @@ func main() {
 		l.Close()
 	}()
 
-	log.Info("napitap-fdstore: holding fds", "socket", *socket, "max_files", *maxFiles)
+	log.Info("napitap-fdstore: holding fds", "socket", *socket, "max_files", *maxFiles, "plain_queue_after", *plainAfter)
 	if err := h.Serve(l); err != nil {
 		log.Error("napitap-fdstore: serve", "err", err)
 		h.Close()

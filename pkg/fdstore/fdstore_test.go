@@ -725,3 +725,58 @@ func TestAMirrorsFirstSyncDropsWhatItWasNotGiven(t *testing.T) {
 		return err == nil && slices.Equal(names(got), []string{"kept"})
 	})
 }
+
+// TestWhileAloneActsOnlyWhenNoClientHasBeenServedForTheTimeGiven: the
+// holder's entries are its to act on (pkg/plainqueue) only once no
+// napitapd has been there for a while, and none is served meanwhile.
+func TestWhileAloneActsOnlyWhenNoClientHasBeenServedForTheTimeGiven(t *testing.T) {
+	nstest.RequireRoot(t)
+	path := filepath.Join(t.TempDir(), "fdstore.sock")
+	h, _, _ := serve(t, path, 0)
+	c := dial(t, path)
+	_, w := pipe(t)
+	if err := c.Put(Entry{Name: "p", Files: []*os.File{w}}); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	record := func(name string, files []*os.File) { seen = append(seen, name) }
+	if h.WhileAlone(0, record) {
+		t.Fatal("WhileAlone ran while a client is served")
+	}
+	c.Close()
+	eventually(t, "the holder alone", func() bool { return h.WhileAlone(0, func(string, []*os.File) {}) })
+	if h.WhileAlone(time.Hour, record) {
+		t.Fatal("WhileAlone(1h) ran just after the client left")
+	}
+	time.Sleep(20 * time.Millisecond)
+	if !h.WhileAlone(10*time.Millisecond, record) || !slices.Equal(seen, []string{"p"}) {
+		t.Fatalf("WhileAlone(10ms) 20 ms after the client left saw %q, want [p]", seen)
+	}
+
+	// A client that comes while fn runs is served once fn returns.
+	listed := make(chan []Entry, 1)
+	h.WhileAlone(0, func(string, []*os.File) {
+		go func() {
+			c, err := Dial(path)
+			if err != nil {
+				t.Error(err)
+				close(listed)
+				return
+			}
+			defer c.Close()
+			entries, err := c.List(false)
+			if err != nil {
+				t.Error(err)
+			}
+			listed <- entries
+		}()
+		select {
+		case <-listed:
+			t.Error("a client was served while WhileAlone's fn ran")
+		case <-time.After(200 * time.Millisecond):
+		}
+	})
+	if got := names(<-listed); !slices.Equal(got, []string{"p"}) {
+		t.Errorf("the client after WhileAlone listed %q, want [p]", got)
+	}
+}

@@ -49,6 +49,10 @@ type Holder struct {
 	files   int // in all entries
 	conns   map[*net.UnixConn]struct{}
 	closed  bool
+	// serving counts the clients that passed the checks; alone is when
+	// the last of them left (or the holder started).
+	serving int
+	alone   time.Time
 }
 
 type held struct {
@@ -58,7 +62,7 @@ type held struct {
 
 // NewHolder makes an empty holder that logs to log.
 func NewHolder(log *slog.Logger) *Holder {
-	return &Holder{MaxFiles: DefaultMaxFiles, log: log, entries: map[string]*held{}, conns: map[*net.UnixConn]struct{}{}}
+	return &Holder{MaxFiles: DefaultMaxFiles, log: log, entries: map[string]*held{}, conns: map[*net.UnixConn]struct{}{}, alone: time.Now()}
 }
 
 // Serve answers the clients that connect on l, each in its own goroutine,
@@ -79,6 +83,22 @@ func (h *Holder) Serve(l *net.UnixListener) error {
 		}
 		go h.serveConn(c)
 	})
+}
+
+// WhileAlone calls fn on every entry's files if no client has been served
+// for at least d, and reports whether it did. No client is served until fn
+// returns, so fn may act on the files as their only user. fn must not
+// keep the files, nor block.
+func (h *Holder) WhileAlone(d time.Duration, fn func(name string, files []*os.File)) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.serving > 0 || time.Since(h.alone) < d {
+		return false
+	}
+	for _, name := range slices.Sorted(maps.Keys(h.entries)) {
+		fn(name, h.entries[name].files)
+	}
+	return true
 }
 
 // Close closes every connection and every fd held. The holder keeps
@@ -123,9 +143,15 @@ func (h *Holder) serveConn(c *net.UnixConn) {
 		return
 	}
 	log.Info("fdstore: serving a client")
+	h.mu.Lock()
+	h.serving++
+	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
 		entries, files := len(h.entries), h.files
+		if h.serving--; h.serving == 0 {
+			h.alone = time.Now()
+		}
 		h.mu.Unlock()
 		log.Info("fdstore: the client is gone; holding on", "entries", entries, "files", files)
 	}()

@@ -31,7 +31,7 @@ func TestATUNSETIFFRestartedByASignalGetsTheAttachNotEEXIST(t *testing.T) {
 	nstest.RequireRoot(t)
 	pod := nstest.New(t, "seccomprst")
 	const tap = "napirst0"
-	pod.Run(t, func() error { return makePersistentTap(tap) })
+	pod.Run(t, func() error { return nstest.MakePersistentTap(tap) })
 	netnsID, err := tapsetup.NetnsID(pod.Path())
 	if err != nil {
 		t.Fatal(err)
@@ -260,23 +260,4 @@ func attachOnce(tap string) (unix.Errno, uint16, error) {
 		return 0, 0, fmt.Errorf("TUNGETIFF: %w", err)
 	}
 	return 0, got.Uint16(), nil
-}
-
-// makePersistentTap makes a multiqueue tap with no queue attached, as
-// napitap leaves one in intercept mode.
-func makePersistentTap(name string) error {
-	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq(name)
-	if err != nil {
-		return err
-	}
-	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_MULTI_QUEUE)
-	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-		return fmt.Errorf("TUNSETIFF %s: %w", name, err)
-	}
-	return unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1)
 }

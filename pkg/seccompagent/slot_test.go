@@ -292,7 +292,7 @@ func slotTestPod(t *testing.T, role string) (string, string, *MapRegistry) {
 	nstest.RequireRoot(t)
 	pod := nstest.New(t, role)
 	const tap = "napislot0"
-	pod.Run(t, func() error { return makePersistentTap(tap) })
+	pod.Run(t, func() error { return nstest.MakePersistentTap(tap) })
 	netnsID, err := tapsetup.NetnsID(pod.Path())
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/test/e2e/crihelp"
+	"golang.org/x/sys/unix"
 )
 
 // TestVMsKeepNAPIQueuesThroughEveryOperatorEvent is issue 27's proof on
@@ -154,10 +157,14 @@ func (c *cluster) operatorEvents(repo string, v *longRunningVM) []operatorEvent 
 				return next, out
 			}, nil})
 	}
+	// The kubelet restarts a container at once the first time, then
+	// after 10 s, then 20 s: from the second kill, the fd holder lets a
+	// waiting TUNSETIFF go on (pkg/plainqueue).
+	for i := 1; i <= 3; i++ {
+		events = append(events, operatorEvent{fmt.Sprintf("kill -9 of napitapd's container (its supervisor), %d of 3 in a row", i), fmt.Sprintf("container%d", i),
+			func(ds *daemonSetPod) (*daemonSetPod, outcome) { return c.killSupervisor(ds, v) }, backOff})
+	}
 	events = append(events,
-		operatorEvent{"kill -9 of napitapd's container (its supervisor)", "container", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
-			return c.killSupervisor(ds, v)
-		}, nil},
 		operatorEvent{"kill -9 of the fd holder", "holder", func(ds *daemonSetPod) (*daemonSetPod, outcome) {
 			back := c.killHolder(ds)
 			return ds, outcome{note: fmt.Sprintf("napitapd served on; the kubelet restarted the holder, which held everything again %v after the kill", back.Round(time.Millisecond))}
@@ -205,10 +212,15 @@ func (c *cluster) operatorEvents(repo string, v *longRunningVM) []operatorEvent 
 // started and left nothing behind).
 var criDown = regexp.MustCompile(`^FailedCreatePodSandBox .*rpc error: code = Unavailable desc = (connection error: .*containerd\.sock|error reading from server: EOF)`)
 
+// backOff is a sandbox whose ADD found no napitapd while the kubelet's
+// back-off kept its container down: the plugin's "try again later" (code
+// 11), which the kubelet does.
+var backOff = regexp.MustCompile(`^FailedCreatePodSandBox .*handoff: napitapd at `)
+
 // operationsTable is rows as a markdown table.
 func operationsTable(rows []operationRow) string {
 	var b strings.Builder
-	b.WriteString("| event | no napitapd served for | a VMM's TUNSETIFF during it took | pods created during it | failed | retried, not napitap's | what happened |\n")
+	b.WriteString("| event | no napitapd served for | a VMM's TUNSETIFF during it took | pods created during it | failed | retried by the kubelet | what happened |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rows {
 		gap, wait := "0", "-"
@@ -268,7 +280,13 @@ func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSet
 	} else {
 		out.note = "the kubelet restarted the container, whose napitapd took everything back from the fd holder"
 	}
-	if h := v.awaitHotPlug(c, whileDead); h != nil {
+	h := v.awaitHotPlug(c, whileDead)
+	if h != nil && h.issued.Add(h.took).Before(serving) {
+		// Done before napitapd was back: the fd holder let it go on.
+		v.probePlainHotPlug(c, h, ds)
+		out.vmmWait = h.took
+		out.note += fmt.Sprintf("; the kubelet's back-off kept it down, and the fd holder let a hot-plug's TUNSETIFFs go on after %v, its queues without NAPI", plainQueueAfter)
+	} else if h != nil {
 		v.probeHotPlug(c, h, next, time.Time{})
 		out.vmmWait = h.took
 		// The old child, sent SIGTERM as its supervisor died, may have
@@ -373,6 +391,57 @@ func (v *longRunningVM) hotPlugRefused(c *cluster, id string) string {
 		return fmt.Sprint(h.err)
 	}
 	return h.err.Error()
+}
+
+// plainQueueAfter is the fd holder's --plain-queue-after in
+// deploy/base/daemonset.yaml.
+const plainQueueAfter = 5 * time.Second
+
+// probePlainHotPlug checks the hot-plug h, made while the kubelet's
+// back-off kept the napitapd container of ds down: its TUNSETIFFs waited
+// for the fd holder's bound, not for napitapd, which then let them go on
+// in the kernel, and each of its queues is a plain one (no GRO merge).
+// It then removes the netdev.
+func (v *longRunningVM) probePlainHotPlug(c *cluster, h *hotPlug, ds *daemonSetPod) {
+	t := c.t
+	t.Helper()
+	if h.err != nil || len(h.queues) != 2 {
+		t.Errorf("pod %s: netdev_add %s: QEMU opened queues %v of %s (%v), want 2", v.name, h.id, h.queues, v.hpTap, h.err)
+		return
+	}
+	if h.took > plainQueueAfter+2*time.Second {
+		t.Errorf("netdev_add %s took %v with no napitapd: more than the fd holder's bound of %v", h.id, h.took, plainQueueAfter)
+	}
+	st, err := c.daemonSetPodStatus(ds.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(plainQueueLine.FindAllString(logSince(readFile(st.holderLogPath()), h.issued), -1)); n != 2 {
+		t.Errorf("the fd holder logged %d TUNSETIFFs let go on since netdev_add %s, want 2", n, h.id)
+	}
+	pidfd, err := unix.PidfdOpen(v.qemuPid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open of QEMU, pid %d: %v", v.qemuPid, err)
+	}
+	defer unix.Close(pidfd)
+	for _, fd := range h.queues {
+		dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+		if err != nil {
+			t.Errorf("pidfd_getfd of QEMU's fd %d: %v", fd, err)
+			continue
+		}
+		q := os.NewFile(uintptr(dup), fmt.Sprintf("QEMU's fd %d", fd))
+		res, err := napiprobe.RunQueue(q, 16, 1000)
+		q.Close()
+		if err != nil || res.Merged() {
+			t.Errorf("netdev %s: QEMU's fd %d: %v (%v), want a queue without NAPI", h.id, fd, res, err)
+		}
+	}
+	t.Logf("pod %s: QMP netdev_add %s, made while the back-off kept napitapd down, took %v: the fd holder let its TUNSETIFFs go on; QEMU's fds %v are queues without NAPI",
+		v.name, h.id, h.took.Round(time.Millisecond), h.queues)
+	if err := qmpExecute(v.qmp, time.Minute, "netdev_del", map[string]any{"id": h.id}); err != nil {
+		t.Errorf("pod %s: netdev_del %s: %v", v.name, h.id, err)
+	}
 }
 
 // waitRestartedContainer waits for the kubelet's restart of napitapd's

@@ -1122,9 +1122,10 @@ type podLoop struct {
 	failed  []string // kubectl apply failures
 	created chan struct{}
 
-	// excuse, if set, matches the warnings of a failure that is not
-	// napitap's (a sandbox the kubelet could not ask a restarting
-	// containerd for): reported, with the pod's delay, not failed.
+	// excuse, if set, matches the warnings of a failure the event makes
+	// unavoidable (a sandbox the kubelet could not ask a restarting
+	// containerd for, an ADD while the kubelet's back-off keeps napitapd
+	// down): reported, with the pod's delay, not failed.
 	excuse *regexp.Regexp
 }
 
@@ -1274,7 +1275,7 @@ func (c *cluster) finishPodLoop(l *podLoop, down, up time.Time) loopResult {
 		t.Errorf("%s: pod %s failed:\n  %s", l.event, name, strings.Join(why, "\n  "))
 	}
 	for name, why := range excused {
-		t.Logf("%s: pod %s was retried by the kubelet, for a cause not napitap's, and Ready %v after its creation:\n  %s",
+		t.Logf("%s: pod %s was retried by the kubelet, for a cause the event makes unavoidable, and Ready %v after its creation:\n  %s",
 			l.event, name, c.readyAfter(name), strings.Join(why, "\n  "))
 	}
 	nFailed := len(l.failed) + len(failed)
@@ -1307,7 +1308,8 @@ func (c *cluster) finishPodLoop(l *podLoop, down, up time.Time) loopResult {
 }
 
 // loopResult is what a pod loop created, how many of those failed, and
-// how many the kubelet retried for a cause not napitap's (podLoop.excuse).
+// how many the kubelet retried for a cause the event makes unavoidable
+// (podLoop.excuse).
 type loopResult struct{ created, failed, retried int }
 
 // readyAfter is how long after its creation pod name became Ready, to the
@@ -1445,12 +1447,12 @@ func (c *cluster) checkHolderLog(ds *daemonSetPod) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(filepath.Dir(st.napitapdLogDir), "fdstore", fmt.Sprintf("%d.log", st.fdstoreRestarts))
+	path := st.holderLogPath()
 	log := readFile(path)
 	if log == "" {
 		t.Errorf("the fd holder's log %s is empty or missing", path)
 	}
-	c.checkLogClean("the fd holder", log)
+	c.checkLogClean("the fd holder", log, plainQueueLine)
 	for _, line := range strings.Split(log, "\n") {
 		if strings.Contains(line, "holding on") {
 			_, msg, _ := strings.Cut(line, " F ") // the CRI log line's time, stream and tag first
@@ -1458,6 +1460,15 @@ func (c *cluster) checkHolderLog(ds *daemonSetPod) {
 		}
 	}
 }
+
+// holderLogPath is the log of the pod's running fd holder.
+func (st dsPodStatus) holderLogPath() string {
+	return filepath.Join(filepath.Dir(st.napitapdLogDir), "fdstore", fmt.Sprintf("%d.log", st.fdstoreRestarts))
+}
+
+// plainQueueLine is the fd holder's warning for a TUNSETIFF it let go on
+// while the kubelet's back-off kept napitapd down (killSupervisor's).
+var plainQueueLine = regexp.MustCompile(`level=WARN msg="plainqueue: no napitapd: a TUNSETIFF went on in the kernel, its queue without NAPI"`)
 
 // faultLine is a warning refusedRollout causes: the old napitapd's on
 // each refusal, the new one's while it waits.
