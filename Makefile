@@ -9,7 +9,7 @@ endif
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X main.buildVersion=$(VERSION)
+LDFLAGS   := -s -w -X github.com/napitap/napitap/pkg/buildinfo.version=$(VERSION)
 # Reference plugins and cnitool, built from the Go module proxy at the
 # versions go.mod pins (the `tool` block); never vendored.
 TOOLS     := github.com/containernetworking/plugins/plugins/main/bridge \

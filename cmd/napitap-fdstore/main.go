@@ -12,10 +12,13 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/napitap/napitap/pkg/buildinfo"
 
 	"golang.org/x/sys/unix"
 
@@ -35,7 +38,12 @@ func main() {
 	maxFiles := flag.Int("max-files", fdstore.DefaultMaxFiles, "the most fds held, in all entries")
 	plainAfter := flag.Duration("plain-queue-after", plainqueue.DefaultAfter,
 		"with no napitapd for this long, a VMM's waiting TUNSETIFF opens a queue without NAPI; 0: it waits for napitapd")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(buildinfo.String("napitap-fdstore"))
+		return
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if flag.NArg() > 0 || *maxFiles < 1 || *plainAfter < 0 {
 		flag.Usage()
@@ -62,7 +70,7 @@ func main() {
 		l.Close()
 	}()
 
-	log.Info("napitap-fdstore: holding fds", "socket", *socket, "max_files", *maxFiles, "plain_queue_after", *plainAfter)
+	log.Info("napitap-fdstore: holding fds", "version", buildinfo.Version(), "socket", *socket, "max_files", *maxFiles, "plain_queue_after", *plainAfter)
 	if err := h.Serve(l); err != nil {
 		log.Error("napitap-fdstore: serve", "err", err)
 		h.Close()

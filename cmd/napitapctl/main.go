@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/handoff"
@@ -73,6 +75,8 @@ func printUsage() {
       DIR, synced, then renamed over the old one, so that a runtime exec'ing
       the plugin meanwhile runs the old or the new one. A symlink there is
       refused. Says what it replaced.
+  napitapctl version (or --version)
+      Print napitapctl's version.
   napitapctl wait
       Do nothing until SIGTERM or SIGINT, then exit 0: the container of a
       pod that keeps its network while a VMM is started in it by hand
@@ -97,9 +101,14 @@ func subFlags(name string) *flag.FlagSet {
 
 func main() {
 	socket := flag.String("socket", handoff.DefaultSocket, "napitapd socket")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = printUsage
 	flag.Parse()
 	client := &handoff.Client{Socket: *socket}
+	if *showVersion {
+		fmt.Println(buildinfo.String("napitapctl"))
+		return
+	}
 	if flag.NArg() == 0 {
 		usage()
 	}
@@ -128,8 +137,10 @@ func main() {
 		err = installPlugin(flag.Args()[1:])
 	case "wait":
 		err = wait(flag.Args()[1:])
+	case "version":
+		fmt.Println(buildinfo.String("napitapctl"))
 	default:
-		usage()
+		usageError("unknown command %q", flag.Arg(0))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "napitapctl:", explain(err, client.Socket))

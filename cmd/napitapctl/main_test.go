@@ -166,6 +166,12 @@ func TestMessages(t *testing.T) {
 			[]string{`list takes no arguments, got ["extra"]`}, []string{"unreachable"}},
 		{"an unknown flag of list is a usage error", []string{"--socket", missing, "list", "--bogus"}, 2,
 			[]string{"flag provided but not defined: -bogus", "usage:"}, []string{"unreachable"}},
+		{"--version prints napitapctl's version and connects to nothing", []string{"--socket", missing, "--version"}, 0,
+			[]string{"napitapctl dev"}, []string{"usage:", "unreachable"}},
+		{"version prints the same", []string{"--socket", missing, "version"}, 0,
+			[]string{"napitapctl dev"}, []string{"usage:", "unreachable"}},
+		{"an unknown command is named", []string{"--socket", missing, "lsit"}, 2,
+			[]string{`unknown command "lsit"`}, []string{"unreachable"}},
 		{"no napitapd at the socket names it, without the group hint", []string{"--socket", missing, "list"}, 1,
 			[]string{"napitapd unreachable", missing}, []string{"--socket-group"}},
 	}

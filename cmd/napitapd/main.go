@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/daemon"
@@ -51,7 +53,12 @@ func main() {
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
 	flag.BoolVar(&o.supervise, "supervise", false, "run napitapd as a child process and start it again at once when a signal kills it (SIGKILL, the OOM killer, a crash), so that the kubelet's restart back-off does not keep it down; a child that exits, or is killed more than 5 times a minute, ends this process with its status")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(buildinfo.String("napitapd"))
+		return
+	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if o.supervise {

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/fdstore"
@@ -107,7 +109,7 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	if offer != nil {
 		took = time.Since(offer.Asked).String()
 	}
-	logger.Info("serving", "socket", o.Socket, "state", o.StateDir, "seccomp-socket", o.SeccompSocket,
+	logger.Info("serving", "version", buildinfo.Version(), "socket", o.Socket, "state", o.StateDir, "seccomp-socket", o.SeccompSocket,
 		"maxConns", o.Limits.MaxConns, "maxConnsPerUID", o.Limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took)
 
 	select {

@@ -12,6 +12,8 @@ import (
 	"net"
 	"slices"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -28,9 +30,6 @@ import (
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
-// buildVersion is set at link time (-X main.buildVersion=...).
-var buildVersion = "dev"
-
 func main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    cmdAdd,
@@ -38,7 +37,7 @@ func main() {
 		Check:  cmdCheck,
 		Status: cmdStatus,
 		GC:     cmdGC,
-	}, version.PluginSupports(config.SupportedVersions...), "napitap "+buildVersion+": NAPI multiqueue taps for VM pods")
+	}, version.PluginSupports(config.SupportedVersions...), "CNI napitap plugin "+buildinfo.Version())
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
