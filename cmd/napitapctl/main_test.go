@@ -172,8 +172,8 @@ func TestMessages(t *testing.T) {
 			[]string{"napitapctl dev"}, []string{"usage:", "unreachable"}},
 		{"an unknown command is named", []string{"--socket", missing, "lsit"}, 2,
 			[]string{`unknown command "lsit"`}, []string{"unreachable"}},
-		{"no napitapd at the socket names it, without the group hint", []string{"--socket", missing, "list"}, 1,
-			[]string{"napitapd unreachable", missing}, []string{"--socket-group"}},
+		{"no napitapd at the socket names it and asks for the DaemonSet, without the group hint", []string{"--socket", missing, "list"}, 1,
+			[]string{"napitapd unreachable", missing, "is the napitap DaemonSet running on this node?"}, []string{"--socket-group"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,6 +235,12 @@ func TestMessages(t *testing.T) {
 				"napitapd --socket-group chooses the group",
 			}, nil)
 		}
+		// Root's group: joining it is no advice to give.
+		if err := os.Chown(socket, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		code, out := napitapctlAs(t, nobody, bin, "--socket", socket, "list")
+		check(t, code, out, 1, []string{"only root may connect to " + socket, "run napitapctl as root"}, []string{"add this user to"})
 	})
 }
 

@@ -63,7 +63,11 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 	if errors.As(err, &refused) {
 		return fmt.Errorf("handoff of tap %q: %w", att.TapName, err)
 	}
-	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
+	hint := ""
+	if errors.Is(err, handoff.ErrUnreachable) {
+		hint = " (is the napitap DaemonSet running on this node?)"
+	}
+	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: napitapd at %s: %v%s", conf.HandoffSocket, err, hint), "")
 }
 
 // handoffNeeded: ADD fails when napitapd cannot take the attachment.
