@@ -39,12 +39,14 @@ func main() {
 	plainAfter := flag.Duration("plain-queue-after", plainqueue.DefaultAfter,
 		"with no napitapd for this long, a VMM's waiting TUNSETIFF opens a queue without NAPI; 0: it waits for napitapd")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	var level slog.Level
+	flag.TextVar(&level, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println(buildinfo.String("napitap-fdstore"))
 		return
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if flag.NArg() > 0 || *maxFiles < 1 || *plainAfter < 0 {
 		flag.Usage()
 		os.Exit(2)

@@ -54,13 +54,15 @@ func main() {
 	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
 	flag.BoolVar(&o.supervise, "supervise", false, "run napitapd as a child process and start it again at once when a signal kills it (SIGKILL, the OOM killer, a crash), so that the kubelet's restart back-off does not keep it down; a child that exits, or is killed more than 5 times a minute, ends this process with its status")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	var level slog.Level
+	flag.TextVar(&level, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println(buildinfo.String("napitapd"))
 		return
 	}
 
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if o.supervise {
 		os.Exit(superviseSelf(logger))
 	}
