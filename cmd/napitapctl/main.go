@@ -51,8 +51,10 @@ func printUsage() {
       it starts stay under the filter; without napitapd their TUNSETIFF
       fails with ENOSYS.
   napitapctl [--socket PATH] list
-      What napitapd holds: MAC is the guest's, HELD the queue fds napitapd
-      holds now (0 after a fetch, until the next fetch reopens them).
+      What napitapd holds: MODE is intercept (the VMM opens the tap by name)
+      or fds (napitapd holds the queues), MAC is the guest's, HELD the queue
+      fds napitapd holds now (0 after a fetch, until the next fetch reopens
+      them).
   napitapctl [--socket PATH] ready
       Exit 0 only if the napitapd answering on the socket runs in this
       process's container (the same mount namespace): the DaemonSet's
@@ -294,9 +296,15 @@ func list(client *handoff.Client, args []string) error {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CONTAINER\tIFNAME\tTAP\tQUEUES\tHELD\tNAPI\tMAC\tNETNS")
+	fmt.Fprintln(w, "CONTAINER\tIFNAME\tTAP\tMODE\tQUEUES\tHELD\tNAPI\tMAC\tNETNS")
 	for _, a := range atts {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
+		// intercept: the VMM opens the tap by name and the agent adds NAPI;
+		// fds: napitapd holds the queues until a fetch.
+		mode := "fds"
+		if a.Intercept {
+			mode = "intercept"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, mode, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
 	}
 	return w.Flush()
 }
