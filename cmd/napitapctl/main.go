@@ -77,8 +77,9 @@ func printUsage() {
       DIR, synced, then renamed over the old one, so that a runtime exec'ing
       the plugin meanwhile runs the old or the new one. A symlink there is
       refused. Says what it replaced.
-  napitapctl version (or --version)
-      Print napitapctl's version.
+  napitapctl [--socket PATH] version
+      Print napitapctl's version, then that of the napitapd on the socket
+      (--version: napitapctl's alone, connecting to nothing).
   napitapctl wait
       Do nothing until SIGTERM or SIGINT, then exit 0: the container of a
       pod that keeps its network while a VMM is started in it by hand
@@ -140,7 +141,7 @@ func main() {
 	case "wait":
 		err = wait(flag.Args()[1:])
 	case "version":
-		fmt.Println(buildinfo.String("napitapctl"))
+		err = versions(client, flag.Args()[1:])
 	default:
 		usageError("unknown command %q", flag.Arg(0))
 	}
@@ -307,6 +308,27 @@ func list(client *handoff.Client, args []string) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s\n", a.ContainerID, a.IfName, a.TapName, mode, a.Queues, a.Held, a.NAPI, a.MAC, a.Netns)
 	}
 	return w.Flush()
+}
+
+// versions prints napitapctl's version, then that of the napitapd that
+// answers on the socket: which one a node runs.
+func versions(client *handoff.Client, args []string) error {
+	fs := subFlags("version")
+	fs.Parse(args)
+	if fs.NArg() != 0 {
+		usageError("version takes no arguments, got %q", fs.Args())
+	}
+	fmt.Println(buildinfo.String("napitapctl"))
+	st, err := client.Status()
+	if err != nil {
+		return fmt.Errorf("the napitapd at %s: %w", client.Socket, err)
+	}
+	v := st.Version
+	if v == "" {
+		v = "older than versions" // before pkg/buildinfo
+	}
+	fmt.Printf("napitapd %s (pid %d, at %s)\n", v, st.Pid, client.Socket)
+	return nil
 }
 
 // ready: the napitapd that answers is this container's own.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -40,16 +41,18 @@ func TestReadyPassesOnlyForTheContainersOwnNapitapd(t *testing.T) {
 
 	tests := []struct {
 		name     string
+		verb     string
 		unshare  uintptr
 		wantCode int
 		want     string
 	}{
-		{"a probe in napitapd's own mount namespace is ready", 0, 0, "of this container, serves " + socket},
-		{"a probe in another container's mount namespace is not", syscall.CLONE_NEWNS, 1, "of another container"},
+		{"a probe in napitapd's own mount namespace is ready", "ready", 0, 0, "of this container, serves " + socket},
+		{"a probe in another container's mount namespace is not", "ready", syscall.CLONE_NEWNS, 1, "of another container"},
+		{"version names the answering napitapd's version and pid", "version", 0, 0, fmt.Sprintf("napitapd dev (pid %d, at %s)", os.Getpid(), socket)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := mainexec.Command("napitapctl", "--socket", socket, "ready")
+			cmd := mainexec.Command("napitapctl", "--socket", socket, tc.verb)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: tc.unshare}
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out

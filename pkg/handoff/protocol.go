@@ -181,6 +181,8 @@ type Status struct {
 	// MountNS is the inode of napitapd's mount namespace: a process in
 	// napitapd's container (a probe) compares it with its own.
 	MountNS uint64 `json:"mountNS"`
+	// Version is napitapd's (pkg/buildinfo); empty from one older than it.
+	Version string `json:"version,omitempty"`
 }
 
 // ListPage is how many attachments one list response carries, well inside

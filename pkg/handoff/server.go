@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -737,5 +739,5 @@ func OwnStatus() (*Status, error) {
 	if err := unix.Stat("/proc/self/ns/mnt", &st); err != nil {
 		return nil, fmt.Errorf("mount namespace: %w", err)
 	}
-	return &Status{Pid: os.Getpid(), MountNS: st.Ino}, nil
+	return &Status{Pid: os.Getpid(), MountNS: st.Ino, Version: buildinfo.Version()}, nil
 }
