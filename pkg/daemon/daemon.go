@@ -105,12 +105,12 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	}
 	takeover.CloseAll(files)
 	d.serve()
-	took := ""
+	took, from := "", ""
 	if offer != nil {
-		took = time.Since(offer.Asked).String()
+		took, from = time.Since(offer.Asked).String(), offer.From
 	}
 	logger.Info("serving", "version", buildinfo.Version(), "socket", o.Socket, "state", o.StateDir, "seccomp-socket", o.SeccompSocket,
-		"maxConns", o.Limits.MaxConns, "maxConnsPerUID", o.Limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took)
+		"maxConns", o.Limits.MaxConns, "maxConnsPerUID", o.Limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took, "previous_version", from)
 
 	select {
 	case <-stop:

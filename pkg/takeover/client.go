@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/peerauth"
@@ -21,6 +23,8 @@ import (
 // it has stopped serving, and waits for Accept or Decline.
 type Offer struct {
 	Files []File
+	// From is the old napitapd's version; empty from one older than it.
+	From string
 	// Asked is when the request went out: the takeover's time starts there.
 	Asked time.Time
 	conn  *net.UnixConn
@@ -51,7 +55,7 @@ func (o *Offer) request() error {
 		return fmt.Errorf("the peer is not root (%+v, %v)", cred, err)
 	}
 	_ = o.conn.SetDeadline(time.Now().Add(helloTimeout))
-	if err := send(o.conn, &message{Op: opHello, Versions: []int{Version}}, nil); err != nil {
+	if err := send(o.conn, &message{Op: opHello, Versions: []int{Version}, Build: buildinfo.Version()}, nil); err != nil {
 		return err
 	}
 	accept, _, err := recv(o.conn, opAccept)
@@ -64,6 +68,7 @@ func (o *Offer) request() error {
 	if err := peerauth.Acceptor(o.conn, accept.Pid); err != nil {
 		return err
 	}
+	o.From = accept.Build
 	_ = o.conn.SetDeadline(time.Now().Add(readyTimeout))
 	files, err := recvFiles(o.conn)
 	if err != nil {

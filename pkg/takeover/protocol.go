@@ -120,6 +120,10 @@ type message struct {
 	// Pid is the old napitapd's, in accept: the new one checks that this
 	// process holds the other end of its connection and is a napitapd.
 	Pid int `json:"pid,omitempty"`
+	// Build is the sender's napitapd version (pkg/buildinfo), in hello and
+	// accept: each side logs the other's, so a rollout's log says from
+	// which version to which.
+	Build string `json:"build,omitempty"`
 }
 
 // send writes m with files as one datagram.

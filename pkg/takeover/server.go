@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/napitap/napitap/pkg/buildinfo"
+
 	"github.com/napitap/napitap/pkg/peerauth"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -84,12 +86,12 @@ func serveConn(l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger
 		_ = send(c, &message{Op: opRefuse, Error: fmt.Sprintf("this napitapd speaks takeover version %d, not %v", Version, hello.Versions)}, nil)
 		return
 	}
-	if err := send(c, &message{Op: opAccept, Pid: os.Getpid()}, nil); err != nil {
+	if err := send(c, &message{Op: opAccept, Pid: os.Getpid(), Build: buildinfo.Version()}, nil); err != nil {
 		log.Warn("takeover: accept", "err", err)
 		return
 	}
 	start := time.Now()
-	log.Info("takeover: a new napitapd takes over; stopping")
+	log.Info("takeover: a new napitapd takes over; stopping", "version", buildinfo.Version(), "new_version", hello.Build)
 	files := h.Detach()
 	handed := false
 	defer func() {

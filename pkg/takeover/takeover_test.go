@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/buildinfo"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/peerauth"
 )
@@ -152,6 +153,9 @@ func TestATakeoverHandsEveryFileOverOrNone(t *testing.T) {
 			}
 			if len(o.Files) != tc.files {
 				t.Fatalf("offer of %d files, want %d", len(o.Files), tc.files)
+			}
+			if o.From != buildinfo.Version() || !strings.Contains(log.String(), "new_version="+buildinfo.Version()) {
+				t.Errorf("the offer names the old napitapd's version %q, want %q; each side logs the other's:\n%s", o.From, buildinfo.Version(), log.String())
 			}
 			for i, f := range o.Files {
 				if f.Item.Kind != d.files[i].Item.Kind || f.Item.Origin != d.files[i].Item.Origin || !sameFile(f.File, d.files[i].File) {
