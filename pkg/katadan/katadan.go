@@ -6,11 +6,14 @@
 package katadan
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -77,9 +80,17 @@ func Path(dir, sandboxID string) string { return filepath.Join(dir, sandboxID+".
 
 // Put adds dev to the sandbox's file, replacing a device of the same name.
 func Put(dir, sandboxID, netns string, dev Device) error {
-	return update(dir, sandboxID, func(f *File) {
-		f.Netns = netns
-		f.Devices = append(without(f.Devices, func(d Device) bool { return d.Name == dev.Name }), dev)
+	b, err := json.Marshal(&dev)
+	if err != nil {
+		return err
+	}
+	ns, err := json.Marshal(netns)
+	if err != nil {
+		return err
+	}
+	return update(dir, sandboxID, func(f *rawFile) {
+		f.fields["netns"] = ns
+		f.devices = append(f.without(dev.Name), b)
 	})
 }
 
@@ -89,9 +100,68 @@ func Remove(dir, sandboxID, name string) error {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	return update(dir, sandboxID, func(f *File) {
-		f.Devices = without(f.Devices, func(d Device) bool { return d.Name == name })
-	})
+	return update(dir, sandboxID, func(f *rawFile) { f.devices = f.without(name) })
+}
+
+// rawFile is a DAN file as read. Other writers share it (runtime-rs's own
+// device types, fields of later versions): every field but devices, and
+// every device napitap does not replace, is written back as the bytes it
+// was read as.
+type rawFile struct {
+	fields  map[string]json.RawMessage // but "devices"
+	devices []json.RawMessage
+}
+
+func parseRawFile(b []byte) (*rawFile, error) {
+	f := &rawFile{fields: map[string]json.RawMessage{}}
+	if len(b) == 0 {
+		return f, nil
+	}
+	if err := json.Unmarshal(b, &f.fields); err != nil {
+		return nil, err
+	}
+	if devs, ok := f.fields["devices"]; ok {
+		delete(f.fields, "devices")
+		if err := json.Unmarshal(devs, &f.devices); err != nil {
+			return nil, fmt.Errorf("devices: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// without is f's devices but those named name.
+func (f *rawFile) without(name string) []json.RawMessage {
+	var kept []json.RawMessage
+	for _, d := range f.devices {
+		var named struct {
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(d, &named) != nil || named.Name != name {
+			kept = append(kept, d)
+		}
+	}
+	return kept
+}
+
+// encode writes the fields in key order, each value as it was read.
+func (f *rawFile) encode() []byte {
+	keys := slices.Sorted(maps.Keys(f.fields))
+	var b bytes.Buffer
+	b.WriteString("{\n")
+	for _, k := range keys {
+		name, _ := json.Marshal(k)
+		fmt.Fprintf(&b, "  %s: %s,\n", name, f.fields[k])
+	}
+	b.WriteString(`  "devices": [`)
+	for i, d := range f.devices {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n    ")
+		b.Write(d)
+	}
+	b.WriteString("\n  ]\n}\n")
+	return b.Bytes()
 }
 
 // Entry is one device of one sandbox's file.
@@ -116,34 +186,30 @@ func Stale(dir, network string, keep func(sandboxID, name string) bool) ([]Entry
 		if err != nil {
 			return nil, fmt.Errorf("DAN file %s: %w", p, err)
 		}
-		var f File
-		if err := json.Unmarshal(b, &f); err != nil {
+		f, err := parseRawFile(b)
+		if err != nil {
 			continue // not ours to judge
 		}
+		var netns string
+		_ = json.Unmarshal(f.fields["netns"], &netns)
 		sandbox := filepath.Base(p[:len(p)-len(".json")])
-		for _, d := range f.Devices {
+		for _, raw := range f.devices {
+			var d Device
+			if json.Unmarshal(raw, &d) != nil {
+				continue // another writer's device
+			}
 			if d.Network == network && !keep(sandbox, d.Name) {
-				stale = append(stale, Entry{Sandbox: sandbox, Netns: f.Netns, Device: d})
+				stale = append(stale, Entry{Sandbox: sandbox, Netns: netns, Device: d})
 			}
 		}
 	}
 	return stale, nil
 }
 
-func without(devs []Device, drop func(Device) bool) []Device {
-	var kept []Device
-	for _, d := range devs {
-		if !drop(d) {
-			kept = append(kept, d)
-		}
-	}
-	return kept
-}
-
 // update applies change to the sandbox's file under an exclusive lock on
 // the directory itself (no lock file to leave behind), writing through a
 // temp file and rename so runtime-rs never reads half a file.
-func update(dir, sandboxID string, change func(*File)) error {
+func update(dir, sandboxID string, change func(*rawFile)) error {
 	if err := safefile.TrustedDir(dir, 0o755); err != nil {
 		return fmt.Errorf("DAN %w", err)
 	}
@@ -162,29 +228,23 @@ func update(dir, sandboxID string, change func(*File)) error {
 		return fmt.Errorf("DAN file %s: %w", path, err)
 	}
 
-	var f File
-	switch b, err := os.ReadFile(path); {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("DAN file %s: %w", path, err)
-	default:
-		if err := json.Unmarshal(b, &f); err != nil {
-			return fmt.Errorf("DAN file %s: %w", path, err)
-		}
 	}
-	change(&f)
+	f, err := parseRawFile(b)
+	if err != nil {
+		return fmt.Errorf("DAN file %s: %w", path, err)
+	}
+	change(f)
 
-	if len(f.Devices) == 0 {
+	if len(f.devices) == 0 {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("DAN file %s: %w", path, err)
 		}
 		return nil
 	}
-	b, err := json.MarshalIndent(&f, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := safefile.WriteAtomic(path, b, 0o644); err != nil {
+	if err := safefile.WriteAtomic(path, f.encode(), 0o644); err != nil {
 		return fmt.Errorf("DAN file %s: %w", path, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -149,5 +150,53 @@ func TestALeftoverTempFileIsCleanedUp(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("DAN dir: %v, want empty", entries)
+	}
+}
+
+// TestWhatNapitapDoesNotOwnStaysByteForByte: other writers share a
+// sandbox's DAN file. Their devices (a vhost-user one needs its "path")
+// and fields napitap does not know go back as they were read, through a
+// Put and a Remove of napitap's own device.
+func TestWhatNapitapDoesNotOwnStaysByteForByte(t *testing.T) {
+	dir := t.TempDir()
+	const (
+		theirDevice = `{"name": "eth9", "device": {"type": "vhost-user", "path": "/run/vhost/sock<1>", "queue_num": 4, "later_field": [1, 2.50, "x"]}, "network_info": {}}`
+		theirField  = `{"a":  "b <&>"}`
+	)
+	written := "{\n  \"netns\": \"/var/run/netns/sandbox\",\n  \"x_future\": " + theirField + ",\n  \"devices\": [" + theirDevice + "]\n}\n"
+	if err := os.WriteFile(katadan.Path(dir, "sb"), []byte(written), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func(after string, wantOurs bool) {
+		t.Helper()
+		b, err := os.ReadFile(katadan.Path(dir, "sb"))
+		if err != nil {
+			t.Fatalf("after %s: %v", after, err)
+		}
+		for _, want := range []string{theirDevice, theirField} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("after %s, the file lacks %s byte for byte:\n%s", after, want, b)
+			}
+		}
+		f := read(t, dir, "sb")
+		var names []string
+		for _, d := range f.Devices {
+			names = append(names, d.Name)
+		}
+		if want := map[bool][]string{true: {"eth9", "net1"}, false: {"eth9"}}[wantOurs]; !slices.Equal(names, want) {
+			t.Errorf("after %s, devices %q, want %q", after, names, want)
+		}
+	}
+	if err := katadan.Put(dir, "sb", "/var/run/netns/sandbox", device("net1", "kata")); err != nil {
+		t.Fatal(err)
+	}
+	check("Put", true)
+	if err := katadan.Remove(dir, "sb", "net1"); err != nil {
+		t.Fatal(err)
+	}
+	check("Remove", false)
+	stale, err := katadan.Stale(dir, "kata", func(string, string) bool { return false })
+	if err != nil || len(stale) != 0 {
+		t.Errorf("Stale: %+v, %v; another writer's device is never napitap's", stale, err)
 	}
 }
