@@ -30,7 +30,7 @@ func TestTheHoldersEntriesAreTakenOnlyWhenTheyAreWhatTheirNamesSay(t *testing.T)
 		}
 		return b
 	}
-	listener := takeover.Item{Kind: takeover.KindListener, UID: 107, Origin: "pod x", ID: "0123456789abcdef"}
+	listener := takeover.Item{Kind: takeover.KindListener, UID: 107, Origin: "pod x", ID: "0123456789abcdef", OwnTaps: true}
 	tests := []struct {
 		name  string
 		entry fdstore.Entry // Files: how many
@@ -72,6 +72,9 @@ func TestTheHoldersEntriesAreTakenOnlyWhenTheyAreWhatTheirNamesSay(t *testing.T)
 			var kinds []string
 			for _, f := range got {
 				kinds = append(kinds, f.Kind)
+				if f.Kind == takeover.KindListener && f.Item != listener {
+					t.Errorf("the listener came back as %+v, not as kept (%+v)", f.Item, listener)
+				}
 			}
 			if len(kinds) != len(tc.kinds) || (tc.kinds == nil) != (len(skipped) == 1) {
 				t.Fatalf("took %v, left out %v; want %v", kinds, skipped, tc.kinds)

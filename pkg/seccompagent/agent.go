@@ -220,6 +220,10 @@ func (a *Agent) serve(l Listener, s *slot) {
 	sock := newNetnsSocket()
 	defer sock.close()
 	recent := recentAttaches{}
+	var own ownTaps
+	if l.OwnTaps {
+		own = ownTaps{}
+	}
 	// What a napitapd that died serving this listener left in its slot,
 	// before anything new: its last attach, for that TUNSETIFF's restart,
 	// and the notification it received and never answered, whose caller
@@ -244,7 +248,7 @@ func (a *Agent) serve(l Listener, s *slot) {
 			if confirmed != "" {
 				log.Info(confirmed, "pid", n.Pid)
 			}
-			a.answer(fd, n, s, sock, recent, hook, log)
+			a.answer(fd, n, s, sock, recent, own, hook, log)
 		}
 	}
 	if n := *s.notif(); n.ID != 0 {
@@ -312,7 +316,7 @@ func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 }
 
 // answer answers n, which s records.
-func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, hook func(int, bool), log *slog.Logger) {
+func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), log *slog.Logger) {
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.
@@ -323,7 +327,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	}()
 	prev := recent.take(n.Pid)
 	was := s.d.Last
-	v := a.decide(listener, n, sock, prev, s)
+	v := a.decide(listener, n, sock, prev, s, own)
 	switch {
 	case v.queue != nil:
 		// In the slot before the answer: the next napitapd answers a

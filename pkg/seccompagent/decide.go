@@ -48,8 +48,9 @@ type ifreq struct {
 //
 // prev is the queue last attached for the same thread, if any. The attach
 // is announced in s before it is made, so that no attach escapes the slot
-// however napitapd dies; answer takes it back if the attach fails.
-func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *attachedQueue, s *slot) verdict {
+// however napitapd dies; answer takes it back if the attach fails. own is
+// the listener's own taps (owntaps.go), nil if it has none.
+func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *attachedQueue, s *slot, own ownTaps) verdict {
 	arch, _ := auditArch()
 	if n.Data.Arch != arch || n.Data.Nr != int32(unix.SYS_IOCTL) || uint32(n.Data.Args[1]) != tunSetIffLo || n.Pid == 0 {
 		return continueVerdict
@@ -95,17 +96,26 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	if err != nil {
 		return continueVerdict
 	}
-	t, ok := a.reg.Lookup(netnsID, ifr.name)
-	if !ok || !t.NAPI {
+	t, managed := a.reg.Lookup(netnsID, ifr.name)
+	if managed && !t.NAPI || !managed && own == nil {
+		return continueVerdict
+	}
+	exists, alias, err := tapMark(nsfd, netnsID, ifr.name, sock)
+	creates := false
+	switch {
+	case !managed:
+		// The launched tree's: a tap it creates now, or created before.
+		if err != nil || exists && !own.has(netnsID, ifr.name) {
+			return continueVerdict
+		}
+		creates = !exists
+		t = Target{Key: "created by napitapctl launch's tree", NAPI: true, MultiQueue: ifr.flags&unix.IFF_MULTI_QUEUE != 0}
+	case err != nil || !exists:
+		// napitapd's TUNSETIFF would create it; the caller may not.
+		a.log.Warn("managed tap is not in its netns; left to the kernel", "tap", ifr.name, "attachment", t.Key, "pid", tid, "netns", netnsID, "err", err)
 		return continueVerdict
 	}
 	log := a.log.With("tap", ifr.name, "attachment", t.Key, "pid", tid, "netns", netnsID)
-	exists, alias, err := tapMark(nsfd, netnsID, ifr.name, sock)
-	if err != nil || !exists {
-		// napitapd's TUNSETIFF would create it; the caller may not.
-		log.Warn("managed tap is not in its netns; left to the kernel", "err", err)
-		return continueVerdict
-	}
 	if t.Mark != "" && alias != t.Mark {
 		// A link of that name that napitap did not make for this
 		// attachment: not napitapd's to attach.
@@ -185,7 +195,10 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		}
 		return verdict{errno: errno}
 	}
-	if !persistent {
+	if creates {
+		own.add(netnsID, ifr.name)
+		log.Info("the caller created a tap, with NAPI on its queue", "flags", fmt.Sprintf("0x%x", flags))
+	} else if managed && !persistent {
 		// Every tap napitap makes is persistent: the name went between
 		// the check above and the TUNSETIFF, and the kernel made a tap for
 		// a caller with CAP_NET_ADMIN over the netns, as the caller's own

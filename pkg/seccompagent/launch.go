@@ -20,6 +20,12 @@ import (
 // ackTimeout bounds the wait for the agent's answer.
 const ackTimeout = 10 * time.Second
 
+// launchMetadata marks a listener napitapctl launch sends, whose taps
+// the launched processes create get NAPI as well (owntaps.go). A sender
+// that claims it falsely gains nothing: IFF_NAPI needs no privilege, and
+// the agent acts in the caller's credentials.
+const launchMetadata = "napitapctl launch"
+
 // Launch runs argv (argv[0] looked up in PATH) with env under Filter, its
 // TUNSETIFFs served by the agent at socket: it installs the filter on this
 // thread, hands the listener over, waits for the agent's ack and execs
@@ -49,7 +55,7 @@ func launch(socket string, argv, env []string, flags uintptr) error {
 		Version:  specs.Version,
 		Fds:      []string{specs.SeccompFdName},
 		Pid:      pid,
-		Metadata: "napitapctl launch",
+		Metadata: launchMetadata,
 		State: specs.State{
 			Version: specs.Version, ID: "launch-" + strconv.Itoa(pid), Status: specs.StateCreating, Pid: pid,
 			Annotations: map[string]string{"io.napitap.launch.command": path},

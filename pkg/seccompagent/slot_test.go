@@ -89,7 +89,7 @@ func TestACallerAttachedByADeadAgentGetsZeroNotEEXIST(t *testing.T) {
 				t.Fatal(err)
 			}
 			var v verdict
-			if err := rc.Control(func(fd uintptr) { v = deadAgent.decide(int(fd), dead.notif(), sock, nil, dead) }); err != nil {
+			if err := rc.Control(func(fd uintptr) { v = deadAgent.decide(int(fd), dead.notif(), sock, nil, dead, nil) }); err != nil {
 				t.Fatal(err)
 			}
 			sock.close()

@@ -149,7 +149,8 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 		if st, fd, err = parseMessage(b, fds); err == nil {
 			fds = nil // Add owns it now
 			from := origin(st, peer)
-			if err = s.agent.Add(fd, cred.Uid, from); err == nil {
+			l := Listener{UID: cred.Uid, Origin: from, OwnTaps: st.Metadata == launchMetadata}
+			if err = s.agent.add(fd, l); err == nil {
 				s.logListener(st, from, peer)
 			}
 		}

@@ -20,6 +20,9 @@ type Listener struct {
 	// ID names the listener for the Store; the agent makes one when it
 	// is empty.
 	ID string
+	// OwnTaps: the listener is napitapctl launch's, and the taps its
+	// processes create get NAPI too (owntaps.go).
+	OwnTaps bool
 }
 
 // Detach stops serving every listener and returns them open, for another

@@ -84,6 +84,8 @@ type Item struct {
 	Origin string       `json:"origin,omitempty"`
 	ID     string       `json:"id,omitempty"`
 	Key    *handoff.Key `json:"key,omitempty"`
+	// OwnTaps is a listener's seccompagent.Listener.OwnTaps.
+	OwnTaps bool `json:"ownTaps,omitempty"`
 }
 
 // File is a file handed over, with what is known of it.

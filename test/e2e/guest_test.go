@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 		"github.com/napitap/napitap/cmd/napitapd",
 		"github.com/napitap/napitap/cmd/napitap-fdstore",
 		"github.com/napitap/napitap/cmd/napitapctl",
+		"github.com/napitap/napitap/test/e2e/cmd/fake-kata-shim",
 	}, cnitest.ReferencePlugins...)...)
 }
 

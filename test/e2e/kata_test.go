@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/test/e2e/vm"
 )
@@ -70,4 +73,59 @@ func bootKataShim(t *testing.T, b bootSpec, wrapped bool) guestVM {
 		"NAPITAP_SECCOMP_SOCKET="+b.Daemon.SeccompSocket,
 		wrapper, "-namespace", "k8s.io", "-address", "/run/containerd/containerd.sock", "-id", b.Env.ContainerID, "start")
 	return startVM(t, argv, b.Serial)
+}
+
+// TestKataGoRuntimeTapsGetNAPIThroughTheShimWrapper: Kata's Go runtime
+// (kata-deploy's kata-qemu, kata-clh) refuses a host-tap DAN file and
+// makes its own tap in the pod netns, whose queues its shim opens and
+// hands to the VMM (DESIGN.md fact 23): napitap's tap is never opened. A
+// shim started through the shipped wrapper runs under napitapctl launch,
+// whose listener gives the taps the tree creates NAPI as well. The fake
+// shim makes its 2-queue tap as the Go runtime does and probes GRO on each
+// queue: merged under the wrapper, nothing without it.
+func TestKataGoRuntimeTapsGetNAPIThroughTheShimWrapper(t *testing.T) {
+	nstest.RequireRoot(t)
+	node := nstest.New(t, "katago-node")
+	d := startNapitapd(t, node.Path())
+	wrapper, err := filepath.Abs("../../deploy/kata/containerd-shim-kata-napitap-v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shim := filepath.Join(binDir, "fake-kata-shim")
+	cases := []struct {
+		name    string
+		wrapped bool
+	}{
+		{"the tap a shim under the wrapper makes gets NAPI on every queue", true},
+		{"the same shim without the wrapper gets plain queues", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := nstest.New(t, "katago-pod")
+			before := d.ReadLog()
+			argv := []string{"nsenter", "--net=" + pod.Path(), "--"}
+			if tc.wrapped {
+				argv = append(argv, "env", "KATA_SHIM="+shim, "NAPITAPCTL="+filepath.Join(binDir, "napitapctl"),
+					"NAPITAP_SECCOMP_SOCKET="+d.SeccompSocket, wrapper)
+			} else {
+				argv = append(argv, shim)
+			}
+			cmd := exec.Command(argv[0], append(argv[1:], "-namespace", "k8s.io", "-id", "katago", "start")...)
+			cmd.Dir = t.TempDir() // no config.json: a sandbox's start
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %v\n%s", argv, err, out)
+			}
+			t.Logf("%s", out)
+			want := fmt.Sprintf("merged=%v", tc.wrapped)
+			if n := strings.Count(string(out), want); n != 2 {
+				t.Errorf("%d of the 2 queues probed %s", n, want)
+			}
+			log := strings.TrimPrefix(d.ReadLog(), before)
+			created, attached := strings.Count(log, "the caller created a tap, with NAPI on its queue"), strings.Count(log, "attached the caller's queue with NAPI")
+			if want := map[bool]int{true: 1, false: 0}[tc.wrapped]; created != want || attached != 2*want {
+				t.Errorf("napitapd logged %d taps created and %d queues attached with NAPI, want %d and %d:\n%s", created, attached, want, 2*want, log)
+			}
+		})
+	}
 }
