@@ -2,6 +2,7 @@ package nstest
 
 import (
 	"fmt"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,4 +25,26 @@ func MakePersistentTap(name string) error {
 		return fmt.Errorf("TUNSETIFF %s: %w", name, err)
 	}
 	return unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1)
+}
+
+// OnThreadThatEnds runs fn in a goroutine locked to a thread that ends
+// with it, for what cannot be undone on a thread (a seccomp filter, a
+// setns kept). Go keeps the main thread (wedged) when a goroutine locked
+// to it exits, so that one is held while another goroutine takes another
+// thread.
+func OnThreadThatEnds(fn func()) {
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			fn() // never unlocked
+			return
+		}
+		held := make(chan struct{})
+		OnThreadThatEnds(func() {
+			defer close(held)
+			fn()
+		})
+		<-held
+		runtime.UnlockOSThread()
+	}()
 }

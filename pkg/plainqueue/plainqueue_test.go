@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -108,15 +107,8 @@ func callerUnderFilter(t *testing.T, netnsPath, tap string) (*os.File, <-chan ca
 	t.Helper()
 	fds := make(chan int, 1)
 	res := make(chan callResult, 1)
-	go func() {
-		// Never unlocked: the thread, with its netns and filter, ends
-		// with the goroutine. Not the main thread, which never ends.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			fds <- -1
-			res <- callResult{err: errors.New("on the main thread")}
-			return
-		}
+	// The thread, with its netns and filter, ends with the call.
+	nstest.OnThreadThatEnds(func() {
 		fd, err := func() (int, error) {
 			nsfd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -135,7 +127,7 @@ func callerUnderFilter(t *testing.T, netnsPath, tap string) (*os.File, <-chan ca
 		}
 		fds <- fd
 		res <- tunsetiff(tap)
-	}()
+	})
 	fd := <-fds
 	if fd < 0 {
 		t.Fatalf("under the filter: %v", (<-res).err)

@@ -531,7 +531,7 @@ func TestOneSenderUIDCannotTakeEveryListener(t *testing.T) {
 	t.Cleanup(func() { close(hold) }) // first: the threads end, then the agent closes
 	add := func(uid uint32) error {
 		errc := make(chan error, 1)
-		onThreadThatEnds(func() {
+		nstest.OnThreadThatEnds(func() {
 			l, err := installFilter(filterFlags)
 			if err == nil {
 				err = agent.Add(l, uid, fmt.Sprintf("uid %d", uid))

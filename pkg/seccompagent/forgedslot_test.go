@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 )
 
@@ -29,7 +30,7 @@ func TestARewrittenSlotMakesTheNextAgentActOnNobodyElsesFd(t *testing.T) {
 	// The victim: this test process, with a tun fd of the pod's netns and
 	// an ifreq naming the tap, neither of them in any TUNSETIFF.
 	opened := make(chan int, 1)
-	onThreadThatEnds(func() {
+	nstest.OnThreadThatEnds(func() {
 		fd := -1
 		if nsfd, err := unix.Open(pod, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
 			if unix.Setns(nsfd, unix.CLONE_NEWNET) == nil {

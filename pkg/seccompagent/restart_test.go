@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -158,7 +157,7 @@ func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, attempts i
 		err    error
 	}
 	done := make(chan result, 1)
-	onThreadThatEnds(func() {
+	nstest.OnThreadThatEnds(func() {
 		r := result{errnos: map[unix.Errno]int{}}
 		defer func() { done <- r }()
 		nsfd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -215,26 +214,6 @@ func tunsetiffUnderFilter(netnsPath, tap string, filterFlags uintptr, attempts i
 	case <-time.After(60 * time.Second):
 		return nil, 0, fmt.Errorf("TUNSETIFF still blocked after 60 s")
 	}
-}
-
-// onThreadThatEnds runs fn in a goroutine locked to a thread that ends
-// with it. Go keeps the main thread (wedged) when a goroutine locked to it
-// exits, so that one is held while another goroutine takes another thread.
-func onThreadThatEnds(fn func()) {
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() != unix.Getpid() {
-			fn() // never unlocked
-			return
-		}
-		held := make(chan struct{})
-		onThreadThatEnds(func() {
-			defer close(held)
-			fn()
-		})
-		<-held
-		runtime.UnlockOSThread()
-	}()
 }
 
 func attachOnce(tap string) (unix.Errno, uint16, error) {

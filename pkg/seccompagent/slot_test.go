@@ -325,7 +325,7 @@ func callerUnderFilter(t *testing.T, netnsPath, tap string) (*os.File, <-chan ca
 	t.Helper()
 	fds := make(chan int, 1)
 	res := make(chan callResult, 1)
-	onThreadThatEnds(func() {
+	nstest.OnThreadThatEnds(func() {
 		fd, err := func() (int, error) {
 			nsfd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -360,7 +360,7 @@ func filterUntil(t *testing.T, exit <-chan struct{}) int {
 	t.Helper()
 	fds := make(chan int, 1)
 	errs := make(chan error, 1)
-	onThreadThatEnds(func() {
+	nstest.OnThreadThatEnds(func() {
 		fd, err := installFilter(filterFlags)
 		if err != nil {
 			errs <- err
