@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 )
 
 // The non-root VMM overlay opens the socket to group 107 through a
@@ -120,4 +121,72 @@ func TestKindOverlay(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The Kata overlay adds only what installs the shim wrapper and napitapctl
+// on the node, as the plugin is installed, and the RuntimeClass, limited to
+// the nodes kata-deploy labels; containerd's snippets name the installed
+// wrapper.
+func TestKataOverlay(t *testing.T) {
+	base, _ := daemonSet(t, "deploy")
+	ds, objs := daemonSet(t, filepath.Join("deploy", "overlays", "kata"))
+	spec, baseSpec := ds.Spec.Template.Spec, base.Spec.Template.Spec
+	if !equalJSON(t, spec.Containers, baseSpec.Containers) {
+		t.Error("the overlay changes the DaemonSet's containers")
+	}
+	if len(spec.InitContainers) != len(baseSpec.InitContainers)+2 || !equalJSON(t, spec.InitContainers[:len(baseSpec.InitContainers)], baseSpec.InitContainers) {
+		t.Fatalf("init containers %d, want the base's %d and two more", len(spec.InitContainers), len(baseSpec.InitContainers))
+	}
+	installCNI := container(t, baseSpec.InitContainers, "install-cni")
+	for _, want := range []struct{ name, file string }{
+		{"install-kata-shim", "containerd-shim-kata-napitap-v2"},
+		{"install-napitapctl", "napitapctl"},
+	} {
+		c := container(t, spec.InitContainers, want.name)
+		cmd := []string{"/usr/local/bin/napitapctl", "install-plugin", "--from=/opt/napitap/bin/" + want.file, "--dir=/host/napitap-bin"}
+		if !slices.Equal(c.Command, cmd) {
+			t.Errorf("%s: command %q, want %q", want.name, c.Command, cmd)
+		}
+		if !equalJSON(t, c.SecurityContext, installCNI.SecurityContext) || c.Image != installCNI.Image {
+			t.Errorf("%s: image %s, securityContext %+v; want install-cni's", want.name, c.Image, c.SecurityContext)
+		}
+		if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "napitap-bin" || c.VolumeMounts[0].MountPath != "/host/napitap-bin" {
+			t.Errorf("%s: mounts %+v", want.name, c.VolumeMounts)
+		}
+	}
+	var hostDir string
+	for _, v := range spec.Volumes {
+		if v.Name == "napitap-bin" && v.HostPath != nil {
+			hostDir = v.HostPath.Path
+		}
+	}
+	if hostDir != "/opt/napitap/bin" {
+		t.Errorf("napitap-bin volume at %q, want hostPath /opt/napitap/bin", hostDir)
+	}
+	rc := find[*nodev1.RuntimeClass](t, objs, "RuntimeClass", "kata-napitap")
+	if rc.Handler != "kata-napitap" || rc.Namespace != "" || rc.Scheduling == nil || rc.Scheduling.NodeSelector["katacontainers.io/kata-runtime"] != "true" {
+		t.Errorf("RuntimeClass %+v: want handler kata-napitap, no namespace, nodeSelector katacontainers.io/kata-runtime=true", rc)
+	}
+	for _, f := range []string{"containerd-config.toml", "containerd2-config.toml"} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "kata", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `runtime_path = "` + hostDir + `/containerd-shim-kata-napitap-v2"`; !strings.Contains(string(b), want) {
+			t.Errorf("deploy/kata/%s lacks %s", f, want)
+		}
+	}
+}
+
+func equalJSON(t *testing.T, a, b any) bool {
+	t.Helper()
+	ja, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jb, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ja) == string(jb)
 }

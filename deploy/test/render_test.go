@@ -163,12 +163,23 @@ func kustomizations(t *testing.T) []string {
 	t.Helper()
 	var dirs []string
 	walkManifests(t, func(path string, d fs.DirEntry) error {
-		if !d.IsDir() && isKustomization(d.Name()) {
+		if !d.IsDir() && isKustomization(d.Name()) && !isComponent(t, path) {
 			dirs = append(dirs, filepath.Dir(path))
 		}
 		return nil
 	})
 	return dirs
+}
+
+// isComponent: a kustomize component renders only through a
+// kustomization that uses it (deploy/kata through deploy/overlays/kata).
+func isComponent(t *testing.T, path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var head struct{ Kind string }
+	return sigsyaml.Unmarshal(b, &head) == nil && head.Kind == "Component"
 }
 
 // render runs kustomize on dir and decodes every object it yields.
@@ -247,7 +258,7 @@ func find[T any](t *testing.T, objs []object, kind, name string) T {
 
 func TestEveryKustomizationRendersStrictly(t *testing.T) {
 	dirs := kustomizations(t)
-	for _, want := range []string{"deploy", "deploy/base", "deploy/examples", "deploy/overlays/nonroot-vmm", "test/e2e/kind"} {
+	for _, want := range []string{"deploy", "deploy/base", "deploy/examples", "deploy/overlays/nonroot-vmm", "deploy/overlays/kata", "test/e2e/kind"} {
 		if !slices.Contains(dirs, filepath.Join(repoRoot, want)) {
 			t.Errorf("no kustomization in %s", want)
 		}

@@ -89,7 +89,12 @@ func Put(dir, sandboxID, netns string, dev Device) error {
 		return err
 	}
 	return update(dir, sandboxID, func(f *rawFile) {
-		f.fields["netns"] = ns
+		// No netns: runtime-rs opens the tap in its own (DESIGN.md fact 18).
+		if netns == "" {
+			delete(f.fields, "netns")
+		} else {
+			f.fields["netns"] = ns
+		}
 		f.devices = append(f.without(dev.Name), b)
 	})
 }

@@ -34,12 +34,15 @@ var kataDir = filepath.Join("..", "..", "kata")
 const (
 	kataHandler = "kata-napitap"                    // the README's RuntimeClass handler
 	kataShim    = "containerd-shim-kata-napitap-v2" // the wrapper
+	// Where deploy/overlays/kata installs it on a node: containerd runs
+	// runtime_path, when set, rather than look the name up in its PATH.
+	kataInstalled = "/opt/napitap/bin/" + kataShim
 )
 
 // kataRuntime is what containerd makes of the kata-napitap runtime table.
 type kataRuntime struct {
 	shim       string // the binary containerd derives from runtime_type
-	path       string // runtime_path, which would be run instead
+	path       string // runtime_path, which containerd runs rather than look shim up
 	configPath string // the options' ConfigPath, which runtime-rs reads
 }
 
@@ -70,8 +73,8 @@ func TestContainerdRunsTheKataWrapper(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(kataDir, rt.shim)); err != nil {
 				t.Errorf("%s: no shim of the name containerd runs: %v", tt.file, err)
 			}
-			if rt.path != "" {
-				t.Errorf("%s: runtime_path %q: containerd would run it instead of the wrapper", tt.file, rt.path)
+			if rt.path != kataInstalled {
+				t.Errorf("%s: runtime_path %q, want the wrapper where deploy/overlays/kata installs it, %s", tt.file, rt.path, kataInstalled)
 			}
 			if !strings.Contains(rt.configPath, "/runtime-rs/configuration-") {
 				t.Errorf("%s: ConfigPath %q is not a runtime-rs configuration", tt.file, rt.configPath)
