@@ -40,6 +40,14 @@ var imageFiles = map[string]string{
 	"usr/local/bin/napitapd":        "napitapd",
 	"usr/local/bin/napitap-fdstore": "napitap-fdstore",
 	"usr/local/bin/napitapctl":      "napitapctl",
+	"opt/napitap/bin/napitapctl":    "napitapctl", // for deploy/overlays/kata to install
+}
+
+// imageScripts are the image's other files, by the repository file each
+// is: what deploy/overlays/kata installs on a node, never run in the image
+// (which has no shell).
+var imageScripts = map[string]string{
+	"opt/napitap/bin/containerd-shim-kata-napitap-v2": "deploy/kata/containerd-shim-kata-napitap-v2",
 }
 
 // `make image IMAGE_ARCHIVE=...` builds deploy/Dockerfile with no registry
@@ -92,8 +100,19 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 	}
 	slices.Sort(files)
 	want := slices.Sorted(maps.Keys(imageFiles))
+	want = slices.Sorted(slices.Values(append(want, slices.Collect(maps.Keys(imageScripts))...)))
 	if !slices.Equal(files, want) {
 		t.Errorf("the image's files are %q, want only %q: no shell, nothing else", files, want)
+	}
+	for p, src := range imageScripts {
+		f, ok := img.files[p]
+		local, err := os.ReadFile(filepath.Join(repoRoot, src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok || f.mode&0o7777 != 0o755 || sha256.Sum256(local) != sha256.Sum256(f.data) {
+			t.Errorf("/%s: mode %o, or not %s as it is in the repository", p, f.mode&0o7777, src)
+		}
 	}
 	for p, bin := range imageFiles {
 		f, ok := img.files[p]
@@ -104,9 +123,9 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 			t.Errorf("/%s: mode %o, not executable", p, f.mode)
 		}
 		// Execute-only, so that their processes are not dumpable from
-		// exec on (docs/threat-model.md); the plugin is read by
-		// install-plugin.
-		if execOnly := p != "opt/napitap/bin/napitap"; execOnly && f.mode&0o7777 != 0o111 {
+		// exec on (docs/threat-model.md); what install-plugin copies out,
+		// under /opt/napitap/bin, it must read.
+		if execOnly := strings.HasPrefix(p, "usr/local/bin/"); execOnly && f.mode&0o7777 != 0o111 {
 			t.Errorf("/%s: mode %o, want 0111 (execute-only: not dumpable from exec on)", p, f.mode&0o7777)
 		}
 		local, err := os.ReadFile(filepath.Join(repoRoot, "bin", bin))

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,19 +9,23 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/config"
+	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/test/e2e/vm"
+	"golang.org/x/sys/unix"
 )
 
 // TestKataDanGuestGetsNAPIThroughTheShimWrapper is Kata runtime-rs as far as
-// it runs here (no KVM for Kata): the CNI chain of deploy/kata/nad.yaml
-// (bridge + napitap with kataDan, intercept) runs in a throwaway node
-// netns, and a VMM opens the DAN tap by name there, as runtime-rs's shim
-// does (DESIGN.md fact 18), started through the shipped shim wrapper the
-// way containerd starts a sandbox's shim. Its guest reaches the bridge's
+// it runs here (no KVM for Kata): the CNI chain of deploy/kata's NADs
+// (bridge + napitap with kataDan, intercept, 2 queues) runs in a throwaway
+// node netns; a shim-like process opens the DAN tap's queues by name there
+// and runs an unmodified QEMU with them as fds=, as runtime-rs does (DESIGN.md
+// facts 18, 24), started through the shipped shim wrapper the way
+// containerd starts a sandbox's shim. Its guest reaches the bridge's
 // gateway with the pod's address, and GRO merges its segments on the tap:
-// NAPI. The same VMM started without the wrapper gets plain queues.
+// NAPI. The same shim started without the wrapper gets plain queues.
 func TestKataDanGuestGetsNAPIThroughTheShimWrapper(t *testing.T) {
 	cases := []struct {
 		name         string
@@ -28,8 +33,8 @@ func TestKataDanGuestGetsNAPIThroughTheShimWrapper(t *testing.T) {
 		wantMerged   bool
 		wantAttaches int
 	}{
-		{"a VMM the shim wrapper starts opens the DAN tap in the node's netns by name and its guest sends through NAPI", true, true, 2},
-		{"the same VMM started without the wrapper gets no NAPI", false, false, 0},
+		{"QEMU given the queues a shim under the wrapper opened by name in the node's netns sends through NAPI", true, true, 2},
+		{"the same shim and QEMU without the wrapper get no NAPI", false, false, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,33 +51,29 @@ func TestKataDanGuestGetsNAPIThroughTheShimWrapper(t *testing.T) {
 	}
 }
 
-// bootKataShim runs QEMU, opening the tap by name in the tap's netns, as
-// the "shim" the wrapper deploy/kata/containerd-shim-kata-napitap-v2 execs
-// for a sandbox's start (KATA_SHIM), or directly.
+// bootKataShim is runtime-rs's QEMU path: a shim-like process opens the
+// DAN tap's 2 queues by name, as runtime-rs's shim does (O_NONBLOCK,
+// IFF_MULTI_QUEUE), and runs QEMU with them as fds= (DESIGN.md fact 24;
+// vhost off: this machine has no vhost-net), started by the wrapper
+// deploy/kata/containerd-shim-kata-napitap-v2 as KATA_SHIM for a
+// sandbox's start, or directly.
 func bootKataShim(t *testing.T, b bootSpec, wrapped bool) guestVM {
 	t.Helper()
-	qemu := vm.QEMUArgs(b.Kernel, b.Initrd, byNameNetdev(b.Tap), 2, b.Guest, b.Serial, true)
-	var script strings.Builder
-	script.WriteString("#!/bin/sh\nexec")
-	for _, arg := range qemu {
-		script.WriteString(" '" + strings.ReplaceAll(arg, "'", `'\''`) + "'")
-	}
-	shim := filepath.Join(t.TempDir(), "containerd-shim-kata-v2")
-	if err := os.WriteFile(shim, []byte(script.String()+"\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	argv := []string{"nsenter", "--net=" + b.TapNetns.Path(), "--"}
+	qemu := vm.QEMUArgs(b.Kernel, b.Initrd, "tap,id=n0,fds={fds},vhost=off", 2, b.Guest, b.Serial, true)
+	shim := filepath.Join(binDir, "fake-kata-shim")
+	open := fmt.Sprintf("FAKE_KATA_SHIM_OPEN=%s,2,%x", b.Tap, unix.IFF_TAP|unix.IFF_NO_PI|unix.IFF_VNET_HDR|unix.IFF_MULTI_QUEUE)
+	shimArgs := append([]string{"-namespace", "k8s.io", "-id", b.Env.ContainerID, "start", "--"}, qemu...)
+	argv := []string{"nsenter", "--net=" + b.TapNetns.Path(), "--", "env", open}
 	if !wrapped {
-		return startVM(t, append(argv, shim), b.Serial)
+		return startVM(t, append(append(argv, shim), shimArgs...), b.Serial)
 	}
 	wrapper, err := filepath.Abs("../../deploy/kata/containerd-shim-kata-napitap-v2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	argv = append(argv, "env", "KATA_SHIM="+shim, "NAPITAPCTL="+filepath.Join(binDir, "napitapctl"),
-		"NAPITAP_SECCOMP_SOCKET="+b.Daemon.SeccompSocket,
-		wrapper, "-namespace", "k8s.io", "-address", "/run/containerd/containerd.sock", "-id", b.Env.ContainerID, "start")
-	return startVM(t, argv, b.Serial)
+	argv = append(argv, "KATA_SHIM="+shim, "NAPITAPCTL="+filepath.Join(binDir, "napitapctl"),
+		"NAPITAP_SECCOMP_SOCKET="+b.Daemon.SeccompSocket, wrapper)
+	return startVM(t, append(argv, shimArgs...), b.Serial)
 }
 
 // TestKataGoRuntimeTapsGetNAPIThroughTheShimWrapper: Kata's Go runtime
@@ -128,4 +129,127 @@ func TestKataGoRuntimeTapsGetNAPIThroughTheShimWrapper(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEveryRuntimeRsVMMOpensTheShippedKataNADsAsItCan: each runtime-rs VMM
+// opens a DAN tap its own way (DESIGN.md fact 24): the shim opens the
+// queues for QEMU (the file's queue_num) and Cloud Hypervisor (its TOML's
+// network_queues, 1 in kata-deploy's), Firecracker and Dragonball open
+// it themselves (Dragonball's vhost backend queue_num, its virtio backend
+// one). Each way, under the shipped wrapper, opens the tap of
+// deploy/kata/nad.yaml with NAPI on every queue; nad-multiqueue.yaml's
+// suits the VMMs that open as many as the file says, and the others get
+// the kernel's EINVAL, as the NAD says.
+func TestEveryRuntimeRsVMMOpensTheShippedKataNADsAsItCan(t *testing.T) {
+	const (
+		single = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+		multi  = single | unix.IFF_MULTI_QUEUE
+	)
+	type vmm struct {
+		name   string
+		queues int
+		flags  uint16
+		want   string // "napi" on every queue, or the errno's name
+	}
+	nads := []struct {
+		file string
+		vmms []vmm
+	}{
+		{"nad.yaml", []vmm{
+			{"QEMU: the shim opens queue_num queues", 1, single, "napi"},
+			{"Cloud Hypervisor: the shim opens network_queues queues", 1, single, "napi"},
+			{"Firecracker opens one queue", 1, single, "napi"},
+			{"Dragonball's vhost backend opens queue_num queues", 1, single, "napi"},
+			{"Dragonball's virtio backend opens one queue", 1, single, "napi"},
+		}},
+		{"nad-multiqueue.yaml", []vmm{
+			{"QEMU: the shim opens queue_num queues", 2, multi, "napi"},
+			{"Dragonball's vhost backend opens queue_num queues", 2, multi, "napi"},
+			{"Cloud Hypervisor: the shim opens network_queues queues", 1, single, "EINVAL"},
+			{"Firecracker opens one queue", 1, single, "EINVAL"},
+		}},
+	}
+	wrapper, err := filepath.Abs("../../deploy/kata/containerd-shim-kata-napitap-v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nad := range nads {
+		t.Run(nad.file, func(t *testing.T) {
+			e := cnitest.NewEnv(t, binDir)
+			d := startNapitapd(t, e.Host.Path())
+			napitap := shippedNapitap(t, filepath.Join("..", "..", "deploy", "kata", nad.file), d.Socket, t.TempDir())
+			list := e.List("1.1.0", e.BridgePlugin(), napitap)
+			rt := e.RT("eth0")
+			e.MustAdd(list, rt)
+			t.Cleanup(func() {
+				if err := e.Del(list, rt); err != nil {
+					t.Errorf("DEL: %v", err)
+				}
+			})
+			tap := config.NodeTapName(e.ContainerID, "eth0")
+			gro := uint64(200_000)
+			if err := tapsetup.ApplyNAPIKnobs(e.Host.Path(), tap, tapsetup.NAPIKnobs{GROFlushTimeout: &gro}); err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range nad.vmms {
+				t.Run(v.name, func(t *testing.T) {
+					cmd := exec.Command("nsenter", "--net="+e.Host.Path(), "--", "env",
+						"KATA_SHIM="+filepath.Join(binDir, "fake-kata-shim"), "NAPITAPCTL="+filepath.Join(binDir, "napitapctl"),
+						"NAPITAP_SECCOMP_SOCKET="+d.SeccompSocket, fmt.Sprintf("FAKE_KATA_SHIM_OPEN=%s,%d,%x", tap, v.queues, v.flags),
+						wrapper, "-namespace", "k8s.io", "-id", e.ContainerID, "start")
+					cmd.Dir = t.TempDir() // no config.json: a sandbox's start
+					out, err := cmd.CombinedOutput()
+					if err != nil {
+						t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+					}
+					t.Logf("%d queue(s), TUNSETIFF flags %#x:\n%s", v.queues, v.flags, out)
+					want, n := "errno="+v.want, 1
+					if v.want == "napi" {
+						want, n = "merged=true", v.queues
+					}
+					if got := strings.Count(string(out), want); got != n {
+						t.Errorf("%d lines say %s, want %d", got, want, n)
+					}
+				})
+			}
+		})
+	}
+}
+
+// shippedNapitap is the napitap object of the NAD at path, its hand-off
+// socket and DAN dir the test's own.
+func shippedNapitap(t *testing.T, path, socket, danDir string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The config is the NAD's literal block: the lines after "config: |",
+	// indented by four spaces.
+	_, block, ok := strings.Cut(string(b), "config: |\n")
+	if !ok {
+		t.Fatalf("%s has no config block", path)
+	}
+	var conf strings.Builder
+	for _, line := range strings.Split(block, "\n") {
+		if line != "" && !strings.HasPrefix(line, "    ") {
+			break
+		}
+		conf.WriteString(strings.TrimPrefix(line, "    ") + "\n")
+	}
+	var list struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(conf.String()), &list); err != nil || len(list.Plugins) != 2 || list.Plugins[1]["type"] != "napitap" {
+		t.Fatalf("%s: %v: want bridge then napitap:\n%s", path, err, conf.String())
+	}
+	napitap := list.Plugins[1]
+	napitap["handoff"].(map[string]any)["socket"] = socket
+	napitap["handoff"].(map[string]any)["required"] = true
+	napitap["kataDan"].(map[string]any)["dir"] = danDir
+	out, err := json.Marshal(napitap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
