@@ -13,6 +13,7 @@ func installPlugin(args []string) error {
 	fs := subFlags("install-plugin")
 	from := fs.String("from", "/opt/napitap/bin/napitap", "the plugin binary to install")
 	dir := fs.String("dir", "", "the CNI bin dir to install it into, as its base name")
+	name := fs.String("name", "", "the name to install it under; the base name of --from if empty")
 	fs.Parse(args)
 	if fs.NArg() != 0 {
 		usageError("install-plugin takes no arguments, got %q", fs.Args())
@@ -20,7 +21,13 @@ func installPlugin(args []string) error {
 	if *dir == "" {
 		usageError("install-plugin: --dir names the CNI bin dir to install into")
 	}
-	res, err := install.Executable(*from, *dir, filepath.Base(*from))
+	if *name == "" {
+		*name = filepath.Base(*from)
+	}
+	if *name != filepath.Base(*name) || *name == "." || *name == ".." {
+		usageError("install-plugin: --name %q is not a file name", *name)
+	}
+	res, err := install.Executable(*from, *dir, *name)
 	if err != nil {
 		return err
 	}

@@ -71,9 +71,9 @@ func printUsage() {
       Print a Localhost seccomp profile that sends the VMM's TUNSETIFF to
       napitapd's seccomp agent, or install every kind into DIR (a kubelet
       seccomp dir, e.g. /var/lib/kubelet/seccomp/napitap).
-  napitapctl install-plugin [--from PATH] --dir DIR
+  napitapctl install-plugin [--from PATH] --dir DIR [--name NAME]
       Install the plugin binary (default /opt/napitap/bin/napitap) into the
-      CNI bin dir DIR under its own name, atomically: a temporary file in
+      CNI bin dir DIR under its own name (or NAME), atomically: a temporary file in
       DIR, synced, then renamed over the old one, so that a runtime exec'ing
       the plugin meanwhile runs the old or the new one. A symlink there is
       refused. Says what it replaced.

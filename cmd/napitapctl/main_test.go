@@ -277,6 +277,11 @@ func TestInstallPlugin(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, "napitap")); err != nil || string(b) != "new" {
 		t.Errorf("the CNI bin dir's napitap holds %q, %v", b, err)
 	}
+	// --name: the same file under another name (the Kata wrapper's second).
+	code, out = napitapctl(t, "install-plugin", "--from="+src, "--dir="+dir, "--name=other")
+	check(t, code, out, 0, []string{"installed " + filepath.Join(dir, "other")}, nil)
+	code, out = napitapctl(t, "install-plugin", "--from="+src, "--dir="+dir, "--name=../escape")
+	check(t, code, out, 2, []string{`--name "../escape" is not a file name`}, nil)
 }
 
 func TestWaitEndsWithTheContainersStopSignal(t *testing.T) {

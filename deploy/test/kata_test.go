@@ -99,3 +99,32 @@ func readLines(t *testing.T, p string) []string {
 	}
 	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 }
+
+// The wrapper runs the shim its installed name asks for: runtime-rs's as
+// itself, Kata's Go runtime's as containerd-shim-kata-go-napitap-v2 (the
+// Go runtime's own taps get NAPI), where kata-deploy installs each.
+func TestKataShimWrapperRunsTheShimItsNameAsksFor(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "kata", kataShim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, wantShim string }{
+		{kataShim, "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2"},
+		{"containerd-shim-kata-go-napitap-v2", "/opt/kata/bin/containerd-shim-kata-v2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wrapper := filepath.Join(t.TempDir(), tt.name)
+			if err := os.WriteFile(wrapper, src, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// No Kata on this machine: the exec fails, naming the shim.
+			cmd := exec.Command(wrapper, "-version")
+			cmd.Env = []string{"PATH=/usr/bin:/bin"}
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tt.wantShim) {
+				t.Errorf("%s -version: %v, %q; want it to exec %s", tt.name, err, out, tt.wantShim)
+			}
+		})
+	}
+}

@@ -134,16 +134,20 @@ func TestKataOverlay(t *testing.T) {
 	if !equalJSON(t, spec.Containers, baseSpec.Containers) {
 		t.Error("the overlay changes the DaemonSet's containers")
 	}
-	if len(spec.InitContainers) != len(baseSpec.InitContainers)+2 || !equalJSON(t, spec.InitContainers[:len(baseSpec.InitContainers)], baseSpec.InitContainers) {
-		t.Fatalf("init containers %d, want the base's %d and two more", len(spec.InitContainers), len(baseSpec.InitContainers))
+	if len(spec.InitContainers) != len(baseSpec.InitContainers)+3 || !equalJSON(t, spec.InitContainers[:len(baseSpec.InitContainers)], baseSpec.InitContainers) {
+		t.Fatalf("init containers %d, want the base's %d and three more", len(spec.InitContainers), len(baseSpec.InitContainers))
 	}
 	installCNI := container(t, baseSpec.InitContainers, "install-cni")
-	for _, want := range []struct{ name, file string }{
-		{"install-kata-shim", "containerd-shim-kata-napitap-v2"},
-		{"install-napitapctl", "napitapctl"},
+	for _, want := range []struct{ name, file, as string }{
+		{"install-kata-shim", "containerd-shim-kata-napitap-v2", ""},
+		{"install-kata-go-shim", "containerd-shim-kata-napitap-v2", "containerd-shim-kata-go-napitap-v2"},
+		{"install-napitapctl", "napitapctl", ""},
 	} {
 		c := container(t, spec.InitContainers, want.name)
 		cmd := []string{"/usr/local/bin/napitapctl", "install-plugin", "--from=/opt/napitap/bin/" + want.file, "--dir=/host/napitap-bin"}
+		if want.as != "" {
+			cmd = append(cmd, "--name="+want.as)
+		}
 		if !slices.Equal(c.Command, cmd) {
 			t.Errorf("%s: command %q, want %q", want.name, c.Command, cmd)
 		}
@@ -163,17 +167,19 @@ func TestKataOverlay(t *testing.T) {
 	if hostDir != "/opt/napitap/bin" {
 		t.Errorf("napitap-bin volume at %q, want hostPath /opt/napitap/bin", hostDir)
 	}
-	rc := find[*nodev1.RuntimeClass](t, objs, "RuntimeClass", "kata-napitap")
-	if rc.Handler != "kata-napitap" || rc.Namespace != "" || rc.Scheduling == nil || rc.Scheduling.NodeSelector["katacontainers.io/kata-runtime"] != "true" {
-		t.Errorf("RuntimeClass %+v: want handler kata-napitap, no namespace, nodeSelector katacontainers.io/kata-runtime=true", rc)
-	}
-	for _, f := range []string{"containerd-config.toml", "containerd2-config.toml"} {
-		b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "kata", f))
-		if err != nil {
-			t.Fatal(err)
+	for _, name := range []string{"kata-napitap", "kata-go-napitap"} {
+		rc := find[*nodev1.RuntimeClass](t, objs, "RuntimeClass", name)
+		if rc.Handler != name || rc.Namespace != "" || rc.Scheduling == nil || rc.Scheduling.NodeSelector["katacontainers.io/kata-runtime"] != "true" {
+			t.Errorf("RuntimeClass %+v: want handler %s, no namespace, nodeSelector katacontainers.io/kata-runtime=true", rc, name)
 		}
-		if want := `runtime_path = "` + hostDir + `/containerd-shim-kata-napitap-v2"`; !strings.Contains(string(b), want) {
-			t.Errorf("deploy/kata/%s lacks %s", f, want)
+		for _, f := range []string{"containerd-config.toml", "containerd2-config.toml"} {
+			b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "kata", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := `runtime_path = "` + hostDir + `/containerd-shim-` + name + `-v2"`; !strings.Contains(string(b), want) {
+				t.Errorf("deploy/kata/%s lacks %s", f, want)
+			}
 		}
 	}
 }
