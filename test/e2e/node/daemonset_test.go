@@ -48,6 +48,8 @@ const (
 	hostNapitapd = "/run/napitap"
 	// napitapd's own dir, which holds its state dir.
 	hostNapitapdOwn = "/run/napitapd"
+	// Where deploy/overlays/kata installs the shim wrapper and napitapctl.
+	hostNapitapBin = "/opt/napitap/bin"
 )
 
 // claimHost readies the machine paths the DaemonSet writes to and puts
@@ -69,7 +71,7 @@ func claimHost(t *testing.T) {
 			t.Fatalf("%s holds %v (a napitapd's that is not running?): not the test's to remove", dir, left)
 		}
 	}
-	for _, dir := range []string{hostCNIBin, filepath.Join(hostSeccomp, "napitap"), hostNapitapd, hostNapitapdOwn} {
+	for _, dir := range []string{hostCNIBin, filepath.Join(hostSeccomp, "napitap"), hostNapitapd, hostNapitapdOwn, hostNapitapBin} {
 		top := dir
 		for !crihelp.Exists(filepath.Dir(top)) {
 			top = filepath.Dir(top)
@@ -92,6 +94,9 @@ func claimHost(t *testing.T) {
 	// Files the DaemonSet replaces: put back what was there, or remove them.
 	saved := map[string][]byte{}
 	files := []string{filepath.Join(hostCNIBin, "napitap")}
+	for _, f := range []string{"containerd-shim-kata-napitap-v2", "containerd-shim-kata-go-napitap-v2", "napitapctl"} {
+		files = append(files, filepath.Join(hostNapitapBin, f))
+	}
 	for _, p := range []string{"vmm.json", "virt-launcher.json"} {
 		files = append(files, filepath.Join(hostSeccomp, "napitap", p))
 	}
@@ -600,7 +605,56 @@ func TestTheShippedDaemonSetRunsOnTheNode(t *testing.T) {
 		t.Errorf("napitapd state dir %s not empty: %v", c.node.StateDir, left)
 	}
 	c.checkDaemonSetLog(again)
+
+	// Kata nodes: the overlay's init containers install the image's shim
+	// wrapper (under both names) and napitapctl on the node, and its
+	// RuntimeClasses run only where Kata is.
+	start = time.Now()
+	c.applyOverlay(repo, "kata")
+	kata := c.completeRollout(again, c.waitNewPod(again), start, "kubectl apply -k deploy/overlays/kata")
+	t.Logf("deploy/overlays/kata applied: pod %s Ready in %v", kata.name, time.Since(start).Round(time.Millisecond))
+	for name, src := range map[string]string{
+		"containerd-shim-kata-napitap-v2":    filepath.Join(repo, "deploy", "kata", "containerd-shim-kata-napitap-v2"),
+		"containerd-shim-kata-go-napitap-v2": filepath.Join(repo, "deploy", "kata", "containerd-shim-kata-napitap-v2"),
+		"napitapctl":                         filepath.Join(repo, "bin", "napitapctl"),
+	} {
+		p := filepath.Join(hostNapitapBin, name)
+		got, err := sha256File(p)
+		want, werr := sha256File(src)
+		st, serr := os.Stat(p)
+		if err != nil || werr != nil || serr != nil || got != want || st.Mode().Perm() != 0o755 {
+			t.Errorf("%s: sha256 %s, mode %v (%v %v %v); want the image's %s (sha256 %s), 0755", p, got, st.Mode(), err, werr, serr, src, want)
+		}
+	}
+	for _, rc := range []string{"kata-napitap", "kata-go-napitap"} {
+		if sel := c.kubectlMust("get", "runtimeclass", rc, "-o", "jsonpath={.scheduling.nodeSelector}"); !strings.Contains(sel, `"katacontainers.io/kata-runtime":"true"`) {
+			t.Errorf("RuntimeClass %s: nodeSelector %s", rc, sel)
+		}
+	}
+	c.checkDaemonSetLog(kata)
 	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
+}
+
+// applyOverlay applies deploy/overlays/NAME with the test's image, as
+// applyDeploy applies deploy/.
+func (c *cluster) applyOverlay(repo, name string) {
+	t := c.t
+	t.Helper()
+	dir := filepath.Join(c.root, "deploy-e2e-"+name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, filepath.Join(repo, "deploy", "overlays", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := strings.SplitN(daemonSetImage, ":", 2)
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newName: %s\n    newTag: %s\n",
+		rel, strings.SplitN(shippedImage, ":", 2)[0], ref[0], ref[1])
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlMust("apply", "-k", dir)
 }
 
 // checkDaemonSetLog fails the test on any warning or error napitapd in the
