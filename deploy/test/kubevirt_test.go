@@ -29,7 +29,7 @@ func TestKataExample(t *testing.T) {
 	}
 }
 
-// The Kata README's pod runs under the RuntimeClass it defines, whose
+// The Kata README's pod runs under a RuntimeClass of deploy/kata's, whose
 // handler is the containerd runtime of containerd-config.toml, whose shim is
 // the wrapper (containerd derives the binary's name from runtime_type), and
 // the wrapper execs runtime-rs, the runtime that reads DAN files. A break
@@ -44,29 +44,34 @@ func TestKataPodRunsRuntimeRsUnderTheAgent(t *testing.T) {
 	if block == nil {
 		t.Fatal("deploy/kata/README.md has no yaml block")
 	}
-	docs, err := splitYAML(block[1])
+	var pod *corev1.Pod
+	o, err := decodeStrict("deploy/kata/README.md", block[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod, _ = o.obj.(*corev1.Pod); pod == nil {
+		t.Fatal("the README's yaml block is not the pod")
+	}
+	rcs, err := os.ReadFile(filepath.Join(dir, "runtimeclass.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitYAML(rcs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var rc *nodev1.RuntimeClass
-	var pod *corev1.Pod
 	for i, doc := range docs {
-		o, err := decodeStrict(fmt.Sprintf("deploy/kata/README.md#%d", i), doc)
+		o, err := decodeStrict(fmt.Sprintf("deploy/kata/runtimeclass.yaml#%d", i), doc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch v := o.obj.(type) {
-		case *nodev1.RuntimeClass:
+		if v, ok := o.obj.(*nodev1.RuntimeClass); ok && pod.Spec.RuntimeClassName != nil && v.Name == *pod.Spec.RuntimeClassName {
 			rc = v
-		case *corev1.Pod:
-			pod = v
 		}
 	}
-	if rc == nil || pod == nil {
-		t.Fatal("the README's yaml block lacks the RuntimeClass or the pod")
-	}
-	if got := pod.Spec.RuntimeClassName; got == nil || *got != rc.Name {
-		t.Errorf("the pod's runtimeClassName is not the README's RuntimeClass %q", rc.Name)
+	if rc == nil {
+		t.Fatalf("the pod's runtimeClassName %v is none of deploy/kata/runtimeclass.yaml's", pod.Spec.RuntimeClassName)
 	}
 	toml, err := os.ReadFile(filepath.Join(dir, "containerd-config.toml"))
 	if err != nil {

@@ -313,7 +313,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	c.importWaitImage(example.image)
 	c.kubectlMust("apply", "-n", podNamespace, "-k", examples)
 	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"),
-		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"))
+		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"), "-f", filepath.Join(repo, "deploy", "kata", "nad-multiqueue.yaml"))
 	t.Logf("NADs: %s", c.kubectlMust("get", "-n", podNamespace, "network-attachment-definitions", "-o", "name"))
 	c.publishRootCA()
 
@@ -328,7 +328,9 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		// Its tap is in the node's netns, named when the sandbox is known
 		// (waitMultusPod).
 		{pod: pod{name: "vm-kata"}, nad: "napitap-kata", subnet: "10.197.0.0/24",
-			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: c.node.NetNS.Path(), Held: 0}},
+			want: nodecheck.Expect{IfName: "net1", Queues: 1, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: c.node.NetNS.Path(), Held: 0}},
+		{pod: pod{name: "vm-kata-mq"}, nad: "napitap-kata-mq", subnet: "10.196.0.0/24",
+			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap2", NodeNetns: c.node.NetNS.Path(), Held: 0}},
 	}
 	for _, p := range pods[1:] {
 		c.apply(c.multusManifest(p.name, fmt.Sprintf(`[{"name":%q,"interface":%q}]`, p.nad, p.want.IfName)))
@@ -340,6 +342,17 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		return
 	}
 
+	checkDAN := func(t *testing.T, p *multusPod) {
+		b, err := os.ReadFile(katadan.Path(mn.kataDans, p.sandbox))
+		var f katadan.File
+		if err == nil {
+			err = json.Unmarshal(b, &f)
+		}
+		if err != nil || len(f.Devices) != 1 || f.Devices[0].Device.TapName != p.want.TapName || f.Devices[0].Device.QueueNum != p.want.Queues ||
+			f.Devices[0].GuestMAC != attachmentOf(t, n, p.sandbox, p.want.IfName).MAC {
+			t.Errorf("pod %s: DAN file %s: %s (%v), want one device, %s with %d queues", p.name, katadan.Path(mn.kataDans, p.sandbox), b, err, p.want.TapName, p.want.Queues)
+		}
+	}
 	checks := []struct {
 		name  string
 		pod   *multusPod
@@ -353,16 +366,8 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		}},
 		{"a standalone pod's tap is its net1, with host-local's address on it", pods[1], func(*testing.T, *multusPod) {}},
 		{"a KubeVirt pod interface gets the tap KubeVirt looks for", pods[2], func(*testing.T, *multusPod) {}},
-		{"a Kata pod's tap is in the node's netns and the sandbox's DAN file", pods[3], func(t *testing.T, p *multusPod) {
-			b, err := os.ReadFile(katadan.Path(mn.kataDans, p.sandbox))
-			var f katadan.File
-			if err == nil {
-				err = json.Unmarshal(b, &f)
-			}
-			if err != nil || len(f.Devices) != 1 || f.Devices[0].Device.TapName != p.want.TapName || f.Devices[0].GuestMAC != attachmentOf(t, n, p.sandbox, p.want.IfName).MAC {
-				t.Errorf("pod %s: DAN file %s: %s (%v), want one device, %s", p.name, katadan.Path(mn.kataDans, p.sandbox), b, err, p.want.TapName)
-			}
-		}},
+		{"a Kata pod's tap is in the node's netns and the sandbox's DAN file, one queue", pods[3], checkDAN},
+		{"a multiqueue Kata pod's tap is in the node's netns and the sandbox's DAN file, 2 queues", pods[4], checkDAN},
 	}
 	for _, tc := range checks {
 		t.Run(tc.name, func(t *testing.T) {
@@ -392,7 +397,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	if left := crihelp.ListDir(mn.kataDans); len(left) > 0 {
 		t.Errorf("DAN files left: %v", left)
 	}
-	for _, nad := range []string{"napitap-bridge", "napitap-standalone", "napitap-kata"} {
+	for _, nad := range []string{"napitap-bridge", "napitap-standalone", "napitap-kata", "napitap-kata-mq"} {
 		if left := leases(t, filepath.Join(mn.varLib, "networks", nad)); len(left) > 0 {
 			t.Errorf("host-local still holds %v on %s", left, nad)
 		}
