@@ -8,7 +8,11 @@ GO        ?= /usr/local/go/bin/go
 endif
 GO        ?= go
 BIN       := bin
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# RELEASE is the release this tree is (the VERSION file), whose tag the
+# deploy manifests name; VERSION is what the binaries report: git describe's
+# in a checkout, or VERSION=vX.Y.Z for make release.
+RELEASE   := $(shell cat VERSION)
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo $(RELEASE))
 LDFLAGS   := -s -w -X github.com/napitap/napitap/pkg/buildinfo.version=$(VERSION)
 # Reference plugins and cnitool, built from the Go module proxy at the
 # versions go.mod pins (the `tool` block); never vendored.
@@ -22,7 +26,7 @@ TEST_TIMEOUT ?= 20m
 # default the one deploy/base/kustomization.yaml names, so that `make image`
 # builds what `kubectl apply -k deploy/` runs (deploy/test checks that they
 # agree). For another: make image deploy-manifests IMAGE=REGISTRY/napitap:TAG
-IMAGE     ?= ghcr.io/napitap/napitap:latest
+IMAGE     ?= ghcr.io/napitap/napitap:$(RELEASE)
 # Where deploy-manifests writes DEPLOY rendered with IMAGE (not tracked).
 # DEPLOY: deploy, or an overlay such as deploy/overlays/nonroot-vmm, or
 # deploy/examples (its pod runs napitapctl from the same image).
@@ -34,7 +38,7 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release fuzz-short bench clean
 
 all: build
 
@@ -94,7 +98,7 @@ e2e: deps-test build tools
 e2e-node: deps-test deps-image build tools
 	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 
-# kind, Multus and the DaemonSet; needs a Docker engine (not on this machine).
+# kind, Multus and the DaemonSet; needs a Docker engine.
 e2e-kind:
 	./test/e2e/kind/run.sh
 
@@ -121,6 +125,24 @@ deploy-manifests:
 	@mkdir -p $(dir $(MANIFESTS))
 	cd deploy/test && $(GO) run ./cmd/render-deploy --image '$(IMAGE)' --dir '$(abspath $(DEPLOY))' -o '$(abspath $(MANIFESTS))'
 	@echo "$(MANIFESTS): $(DEPLOY) with image $(IMAGE); kubectl apply -f $(MANIFESTS)"
+
+# A release under release/VERSION/: the image as an OCI archive tagged
+# ghcr.io/napitap/napitap:VERSION, deploy/ and its overlays rendered with
+# that tag, the four static binaries (reporting VERSION), and SHA256SUMS.
+# VERSION=vX.Y.Z, the VERSION file's, which the tracked manifests name.
+RELEASE_DIR = release/$(VERSION)
+RELEASE_IMAGE = ghcr.io/napitap/napitap:$(VERSION)
+release:
+	@case '$(VERSION)' in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo "make release: VERSION=vX.Y.Z, not '$(VERSION)'" >&2; exit 2;; esac
+	@[ '$(VERSION)' = '$(RELEASE)' ] || { echo "make release: VERSION=$(VERSION), but the VERSION file and the manifests say $(RELEASE)" >&2; exit 2; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	$(MAKE) image IMAGE=$(RELEASE_IMAGE) IMAGE_ARCHIVE=$(abspath $(RELEASE_DIR))/napitap-image-$(VERSION).tar
+	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) MANIFESTS=$(RELEASE_DIR)/napitap.yaml
+	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) DEPLOY=deploy/overlays/kata MANIFESTS=$(RELEASE_DIR)/napitap-kata.yaml
+	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) DEPLOY=deploy/overlays/nonroot-vmm MANIFESTS=$(RELEASE_DIR)/napitap-nonroot-vmm.yaml
+	cp $(BIN)/napitap $(BIN)/napitapd $(BIN)/napitapctl $(BIN)/napitap-fdstore $(RELEASE_DIR)/
+	cd $(RELEASE_DIR) && sha256sum * > SHA256SUMS
+	@ls -l $(RELEASE_DIR)
 
 # Each fuzz target for a bounded number of inputs (CI); FUZZTIME=10m for long
 # runs. A count, not a duration: Go 1.26's coordinator can report its own
@@ -152,4 +174,4 @@ bench: build tools
 	$(GO) test -run '^$$' -bench 'Takeover|CrashRestart' -benchtime 20x ./cmd/napitapd/
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) release

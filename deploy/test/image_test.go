@@ -2,9 +2,11 @@ package deploytest
 
 import (
 	"encoding/json"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -156,5 +158,36 @@ func TestImageReference(t *testing.T) {
 		if img, err := manifests.Image(bad); err == nil {
 			t.Errorf("Image(%q) = %+v, want an error", bad, img)
 		}
+	}
+}
+
+// Every napitap image the manifests name is the release of the VERSION
+// file, never latest: what a user applies is what that release built.
+func TestTheManifestsNameTheReleasesImage(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ghcr.io/napitap/napitap:" + strings.TrimSpace(string(b))
+	seen := 0
+	walkManifests(t, func(path string, d fs.DirEntry) error {
+		// test/e2e/kind tags its own build.
+		if d.IsDir() || (filepath.Ext(path) != ".yaml" && filepath.Ext(path) != ".yml") || !strings.HasPrefix(rel(path), "deploy/") {
+			return nil
+		}
+		text, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range regexp.MustCompile(`ghcr\.io/napitap/napitap(:[^\s"']*)?`).FindAllString(string(text), -1) {
+			seen++
+			if m != want && m != "ghcr.io/napitap/napitap" { // a kustomization's images: name
+				t.Errorf("%s names %s, want %s", rel(path), m, want)
+			}
+		}
+		return nil
+	})
+	if seen == 0 {
+		t.Error("no manifest names the image")
 	}
 }

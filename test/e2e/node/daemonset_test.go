@@ -30,7 +30,7 @@ import (
 // is replaced.
 const (
 	daemonSetImage     = "napinode.local/napitap:e2e"
-	shippedImage       = "ghcr.io/napitap/napitap:latest" // deploy/base/kustomization.yaml's
+	shippedImage       = "ghcr.io/napitap/napitap:v0.1.0" // deploy/base/kustomization.yaml's
 	daemonSetNamespace = "napitap-system"
 	// faultsImage is napitap built with faultsTag: a napitapd that refuses
 	// every takeover while its state dir holds takeover.FaultFile.
