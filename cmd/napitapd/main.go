@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napitap/napitap/pkg/metrics"
+
 	"github.com/napitap/napitap/pkg/buildinfo"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +39,7 @@ type options struct {
 	waitAfterTakeover               bool
 	successorWait                   time.Duration
 	supervise                       bool
+	metricsAddress                  string
 }
 
 func main() {
@@ -53,6 +56,7 @@ func main() {
 	flag.BoolVar(&o.waitAfterTakeover, "wait-after-takeover", false, "once a new napitapd has taken everything over, hold nothing and wait for SIGTERM instead of exiting 0 (in a pod: the kubelet restarts a container that exits, and its napitapd would take everything back)")
 	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
 	flag.BoolVar(&o.supervise, "supervise", false, "run napitapd as a child process and start it again at once when a signal kills it (SIGKILL, the OOM killer, a crash), so that the kubelet's restart back-off does not keep it down; a child that exits, or is killed more than 5 times a minute, ends this process with its status")
+	flag.StringVar(&o.metricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on, at /metrics (shared with the next napitapd during a takeover); empty: none")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
@@ -100,10 +104,18 @@ func run(logger *slog.Logger, o options) error {
 		return err
 	}
 
+	var m *metrics.Metrics
+	if o.metricsAddress != "" {
+		m = metrics.New()
+		if err := m.Serve(o.metricsAddress, logger); err != nil {
+			return fmt.Errorf("--metrics-address: %w", err)
+		}
+	}
 	return daemon.Run(logger, daemon.Config{
 		Socket: o.socket, SeccompSocket: o.seccompSocket, StateDir: o.stateDir,
 		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
 		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover, SuccessorWait: o.successorWait,
+		Metrics: m,
 	}, stop)
 }
 

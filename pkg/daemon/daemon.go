@@ -23,6 +23,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/fdstore"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/metrics"
 	"github.com/napitap/napitap/pkg/seccompagent"
 	"github.com/napitap/napitap/pkg/takeover"
 )
@@ -49,12 +50,15 @@ type Config struct {
 	// deleted DaemonSet pod, whose replacement the controller starts while
 	// it terminates). Zero: stop at once.
 	SuccessorWait time.Duration
+	// Metrics records what napitapd does (pkg/metrics); nil: nothing.
+	Metrics *metrics.Metrics
 }
 
 // Run serves o until stop (SIGTERM) or, after a takeover, until the new
 // napitapd has everything. One napitapd per state dir: the first takes its
 // lock; a later one takes everything over from it, or waits for it to exit.
 func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
+	defer o.Metrics.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		select {
@@ -69,15 +73,17 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 		return err
 	}
 	files := []takeover.File{{Item: takeover.Item{Kind: takeover.KindLock}, File: lock}}
+	recovered := false
 	if offer != nil {
 		files = offer.Files
 	} else if o.FDStore != "" {
-		recovered, err := recoverFiles(o.FDStore, logger)
+		held, err := recoverFiles(o.FDStore, logger)
 		if err != nil {
 			takeover.CloseAll(files)
 			return err
 		}
-		files = append(files, recovered...)
+		files = append(files, held...)
+		recovered = len(held) > 0
 	}
 	d := newDaemon(o, logger)
 	if err := d.prepare(files); err != nil {
@@ -108,7 +114,16 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	took, from := "", ""
 	if offer != nil {
 		took, from = time.Since(offer.Asked).String(), offer.From
+		o.Metrics.TookOver(time.Since(offer.Asked))
+	} else if recovered {
+		o.Metrics.Recovered()
 	}
+	o.Metrics.Watch(metrics.Sources{Attachments: d.srv.Attachments, HeldQueues: d.srv.HeldFDs, Listeners: func() int {
+		if d.agent == nil {
+			return 0
+		}
+		return d.agent.Listeners()
+	}})
 	logger.Info("serving", "version", buildinfo.Version(), "socket", o.Socket, "state", o.StateDir, "seccomp-socket", o.SeccompSocket,
 		"maxConns", o.Limits.MaxConns, "maxConnsPerUID", o.Limits.MaxConnsPerUID, "tookOver", offer != nil, "took", took, "previous_version", from)
 
@@ -119,6 +134,7 @@ func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 		}
 		return d.awaitSuccessor(stop)
 	case <-d.handed:
+		o.Metrics.Stop() // the next napitapd reports from now on
 		if o.WaitAfterTakeover {
 			// A DaemonSet's old pod during a maxSurge rollout: exiting would
 			// restart this container, and the restarted napitapd would take
@@ -286,6 +302,9 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 		return err
 	}
 	d.srv.Limits = d.o.Limits
+	if d.o.Metrics != nil {
+		d.srv.Observe = d.o.Metrics.Request
+	}
 	var agentStore seccompagent.Store
 	if d.store != nil {
 		d.srv.Store, agentStore = d.store, d.store
@@ -312,7 +331,11 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 		}); err != nil {
 			return err
 		}
-		if d.agent, err = seccompagent.New(agentRegistry(d.srv), d.log, seccompagent.Options{Store: agentStore}); err != nil {
+		opts := seccompagent.Options{Store: agentStore}
+		if d.o.Metrics != nil {
+			opts.Observe = d.o.Metrics.TUNSETIFF
+		}
+		if d.agent, err = seccompagent.New(agentRegistry(d.srv), d.log, opts); err != nil {
 			return err
 		}
 	}

@@ -109,6 +109,9 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 	}
 	if ok, why := s.conns.quota.Admit(cred.Uid); !ok {
 		conn.Close()
+		if s.Observe != nil {
+			s.Observe("connect", "quota")
+		}
 		if ok, n := s.conns.refusals.Allow(); ok {
 			s.log.Warn("refused connection", "reason", why, "pid", cred.Pid, "uid", cred.Uid,
 				"maxConns", lim.MaxConns, "maxConnsPerUID", lim.MaxConnsPerUID, "refusedSinceLastLine", n)

@@ -52,7 +52,11 @@ type Server struct {
 	// Store, if set before Serve, keeps a copy of every queue the server
 	// holds outside napitapd's process.
 	Store QueueStore
-	conns connTable
+	// Observe, if set before Serve, is told each request's op and result
+	// ("ok" or the error code), and each connection refused before any
+	// request (op "connect"): napitapd's metrics.
+	Observe func(op, result string)
+	conns   connTable
 }
 
 // QueueStore keeps copies of the queues a Server holds outside napitapd's
@@ -230,8 +234,21 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 // handle owns files: it keeps them (register) or closes them. It returns
 // the answer, the fds that go with it, and the queues a release let go,
 // which the caller closes once it has answered.
-func (s *Server) handle(b []byte, files []*os.File, cred *peer) (*Response, []*os.File, []*os.File) {
+func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response, out, closing []*os.File) {
+	op := "malformed"
+	defer func() {
+		if s.Observe != nil {
+			result := "ok"
+			if resp.Error != nil {
+				result = resp.Error.Code
+			}
+			s.Observe(op, result)
+		}
+	}()
 	req, perr := decodeRequest(b)
+	if perr == nil {
+		op = req.Op
+	}
 	if perr != nil {
 		closeAll(files)
 		return &Response{Error: perr}, nil, nil
@@ -706,6 +723,13 @@ func (s *Server) Close() {
 		e.files = nil
 		e.doneSending()
 	}
+}
+
+// Attachments counts the attachments napitapd records.
+func (s *Server) Attachments() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
 }
 
 // HeldFDs counts the queue fds napitapd holds.

@@ -49,7 +49,18 @@ type Options struct {
 	AttachLevel slog.Level
 	// Store keeps copies of the listeners outside napitapd; nil: none.
 	Store Store
+	// Observe, if set, is told how each TUNSETIFF was answered, one of
+	// the Outcome* strings (napitapd's metrics).
+	Observe func(outcome string)
 }
+
+// How a TUNSETIFF was answered (Options.Observe).
+const (
+	OutcomeNAPI    = "napi"           // the caller's queue attached with IFF_NAPI
+	OutcomePassed  = "passed_through" // not napitap's to answer: the kernel did
+	OutcomeRefused = "refused"        // an errno the kernel would give (EPERM, EINVAL)
+	OutcomeError   = "error"          // napitapd failed to answer
+)
 
 // Store keeps copies of the agent's listeners outside napitapd's process
 // (pkg/fdstore, through pkg/daemon), so that a napitapd killed by SIGKILL
@@ -69,6 +80,7 @@ type Agent struct {
 	quota       unixsock.UIDQuota // listeners per sender uid
 	attachLevel slog.Level
 	store       Store
+	observe     func(outcome string)
 
 	mu        sync.Mutex
 	listeners map[*os.File]string
@@ -95,7 +107,7 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	}
 	opts.MaxListenersPerUID = max(1, min(opts.MaxListenersPerUID, opts.MaxListeners/2))
 	return &Agent{
-		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store,
+		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store, observe: opts.Observe,
 		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
 		listeners: map[*os.File]string{},
 	}, nil
@@ -323,6 +335,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		if r := recover(); r != nil {
 			log.Error("panic answering a notification: left to the kernel", "pid", n.Pid, "panic", r, "stack", string(debug.Stack()))
 			_ = notifSend(listener, n.ID, 0, true)
+			a.observed(OutcomeError)
 		}
 	}()
 	prev := recent.take(n.Pid)
@@ -355,5 +368,21 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	}
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
+		a.observed(OutcomeError)
+		return
+	}
+	switch {
+	case v.cont:
+		a.observed(OutcomePassed)
+	case v.errno != 0:
+		a.observed(OutcomeRefused)
+	default:
+		a.observed(OutcomeNAPI)
+	}
+}
+
+func (a *Agent) observed(outcome string) {
+	if a.observe != nil {
+		a.observe(outcome)
 	}
 }

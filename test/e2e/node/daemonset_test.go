@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
@@ -561,6 +564,7 @@ func TestTheShippedDaemonSetRunsOnTheNode(t *testing.T) {
 		t.Fatalf("pod %s: %v", p.name, err)
 	}
 	c.fetchAndProbeIf(&p.pod, p.want.IfName, p.want.TapName)
+	c.checkMetrics(ds)
 
 	// Removal: kubectl delete -k takes napitapd away and leaves the plugin,
 	// the profiles and the attachment's state on the node
@@ -661,4 +665,52 @@ func (c *cluster) applyOverlay(repo, name string) {
 // DaemonSet's pod logged.
 func (c *cluster) checkDaemonSetLog(ds *daemonSetPod) {
 	c.checkLogClean("napitapd", readFile(ds.log), ds.allowWarn...)
+}
+
+// checkMetrics scrapes napitapd's /metrics where the DaemonSet serves it,
+// the node's address (status.hostIP) and port 9695, from the node's netns:
+// its gauges say what napitapctl list says.
+func (c *cluster) checkMetrics(ds *daemonSetPod) {
+	t := c.t
+	t.Helper()
+	hostIP := c.kubectlMust("get", "pod", "-n", daemonSetNamespace, ds.name, "-o", "jsonpath={.status.hostIP}")
+	var body []byte
+	err := ns.WithNetNSPath(c.node.NetNS.Path(), func(ns.NetNS) error {
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + net.JoinHostPort(hostIP, "9695") + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err
+	})
+	if err != nil {
+		t.Errorf("scraping napitapd's metrics on %s:9695: %v", hostIP, err)
+		return
+	}
+	atts, err := (&handoff.Client{Socket: c.node.Socket}).List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, a := range atts {
+		held += a.Held
+	}
+	var excerpt []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "napitapd_") {
+			excerpt = append(excerpt, line)
+		}
+	}
+	t.Logf("napitapd's /metrics on %s:9695 (napitapd_ lines):\n%s", hostIP, strings.Join(excerpt, "\n"))
+	for _, want := range []string{
+		fmt.Sprintf("napitapd_attachments %d", len(atts)),
+		fmt.Sprintf("napitapd_held_queues %d", held),
+		`napitapd_build_info{version="`,
+		`napitapd_handoff_requests_total{op="fetch",result="ok"}`,
+	} {
+		if !slices.Contains(excerpt, want) && !slices.ContainsFunc(excerpt, func(l string) bool { return strings.HasPrefix(l, want) }) {
+			t.Errorf("napitapd's /metrics lacks %q", want)
+		}
+	}
 }
