@@ -38,7 +38,7 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 
 all: build
 
@@ -71,6 +71,12 @@ test: deps-test build tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) deploy-test
+	$(MAKE) lint-workflows
+
+# .github/workflows, checked as GitHub would run them.
+ACTIONLINT ?= github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+lint-workflows:
+	$(GO) run $(ACTIONLINT)
 
 # Every manifest under deploy/, rendered with kustomize and strictly decoded
 # (a nested module, so the Kubernetes libraries stay out of the plugin's),

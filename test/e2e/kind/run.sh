@@ -76,7 +76,8 @@ mkdir -p "$work/cni"
 CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -o "$work/cni/" \
 	github.com/containernetworking/plugins/plugins/main/bridge \
 	github.com/containernetworking/plugins/plugins/ipam/host-local
-docker build -f deploy/Dockerfile -t "$image" --build-arg VERSION=e2e .
+# As every other path builds it: make image, here with docker.
+make image IMAGE="$image" IMAGE_BUILDER=docker VERSION=e2e
 
 say "kind cluster $cluster"
 cat >"$work/kind.yaml" <<'EOF'
