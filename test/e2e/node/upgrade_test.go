@@ -855,7 +855,14 @@ func (c *cluster) completeRollout(old *daemonSetPod, next dsPodStatus, start tim
 		t.Errorf("new pod %s's napitapd serves with tookOver=%s, want a takeover: %s", next.name, m[2], m[0])
 	}
 	// The old pod's log, before the controller deletes the pod with it.
-	oldLog := readFile(old.log)
+	// Its line comes a moment after the new napitapd's serving line.
+	var oldLog string
+	_ = crihelp.Poll(5*time.Second, func() error {
+		if oldLog = readFile(old.log); !strings.Contains(oldLog, "handed everything over to the next napitapd") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
 	if !strings.Contains(oldLog, "handed everything over to the next napitapd") {
 		t.Errorf("old pod %s's napitapd did not log that it handed everything over:\n%s", old.name, crihelp.Tail(oldLog, 3000))
 	}
