@@ -55,6 +55,15 @@ func printUsage() {
       or fds (napitapd holds the queues), MAC is the guest's, HELD the queue
       fds napitapd holds now (0 after a fetch, until the next fetch reopens
       them).
+  napitapctl queues --netns PATH --tap NAME [-o table|json]
+  napitapctl [--socket PATH] queues --container ID --ifname IF [-o table|json]
+      Every open queue of the tap on the node, read from the kernel: the
+      process holding it (pid, command), its fd, and TUNGETIFF's flags on
+      it, NAPI among them. The kernel keeps one set of flags per tap, those
+      of the attach that took it from no queue to one (docs/DESIGN.md fact
+      2): they are the queues' when all were opened alike, as a VMM opens
+      them. Detached queues are not listed. Needs root with CAP_SYS_PTRACE
+      (napitapd's container has it).
   napitapctl [--socket PATH] ready
       Exit 0 only if the napitapd answering on the socket runs in this
       process's container (the same mount namespace): the DaemonSet's
@@ -130,6 +139,8 @@ func main() {
 		err = launch(flag.Args()[1:])
 	case "list":
 		err = list(client, flag.Args()[1:])
+	case "queues":
+		err = queues(client, flag.Args()[1:])
 	case "probe":
 		err = probe(flag.Args()[1:])
 	case "ready":

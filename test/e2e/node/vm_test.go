@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/tapqueues"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
@@ -145,6 +147,10 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 				t.Fatal(err)
 			}
 			qemuStart := time.Now()
+			// While QEMU runs: napitapctl queues, as an operator checks a
+			// running VM, asking the DaemonSet's napitapd for the tap.
+			queuesSeen := make(chan queuesResult, 1)
+			go func() { queuesSeen <- c.qemuQueues(p.sandbox, podIf) }()
 			if err := c.waitQEMUExited(p, 5*time.Minute); err != nil {
 				t.Fatalf("pod %s: %v\nserial:\n%s\nQEMU's output:\n%s", p.name, err,
 					tailFile(filepath.Join(p.outDir, "serial.log"), 3000), tailFile(filepath.Join(p.outDir, "qemu.log"), 3000))
@@ -168,6 +174,16 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 				t.Errorf("GRO merged the guest's segments: %v (%v), want %v", merged, seen, tc.wantMerged)
 			}
 			listeners := c.checkAgentLog(p, want, tc.wantMerged)
+			qs := <-queuesSeen
+			t.Logf("pod %s: napitapctl queues --container %.12s --ifname %s -o json, QEMU's:\n%s", p.name, p.sandbox, podIf, qs.out)
+			if qs.err != nil || len(qs.qemu) != 2 {
+				t.Errorf("pod %s: napitapctl queues found %d queues of QEMU's (%v), want 2", p.name, len(qs.qemu), qs.err)
+			}
+			for _, q := range qs.qemu {
+				if q.NAPI != tc.wantMerged {
+					t.Errorf("pod %s: napitapctl queues: QEMU's fd %d napi %v, want %v", p.name, q.FD, q.NAPI, tc.wantMerged)
+				}
+			}
 
 			del := time.Now()
 			c.kubectlMust("delete", "pod", "-n", podNamespace, p.name, "--wait", "--timeout=120s")
@@ -520,4 +536,41 @@ func vmArtifacts(t *testing.T, tools ...string) (repo, kernel, initrd string) {
 		t.Fatal(err)
 	}
 	return repo, kernel, initrd
+}
+
+// queuesResult is what qemuQueues saw.
+type queuesResult struct {
+	qemu []tapqueues.Queue // QEMU's queues
+	out  string            // napitapctl's JSON
+	err  error
+}
+
+// qemuQueues runs napitapctl queues on the node for the attachment, against
+// the DaemonSet's napitapd, until it lists QEMU's 2 queues (QEMU opens them
+// as it starts), for up to 2 minutes.
+func (c *cluster) qemuQueues(sandbox, ifName string) queuesResult {
+	var r queuesResult
+	r.err = crihelp.Poll(2*time.Minute, func() error {
+		out, err := exec.Command(filepath.Join(binDir, "napitapctl"), "--socket", c.node.Socket, "queues",
+			"--container", sandbox, "--ifname", ifName, "-o", "json").CombinedOutput()
+		r.out = string(out)
+		if err != nil {
+			return fmt.Errorf("napitapctl queues: %v: %s", err, out)
+		}
+		var all []tapqueues.Queue
+		if err := json.Unmarshal(out, &all); err != nil {
+			return err
+		}
+		r.qemu = nil
+		for _, q := range all {
+			if q.Command == "qemu-system-x86" {
+				r.qemu = append(r.qemu, q)
+			}
+		}
+		if len(r.qemu) < 2 {
+			return fmt.Errorf("QEMU holds %d queues yet", len(r.qemu))
+		}
+		return nil
+	})
+	return r
 }

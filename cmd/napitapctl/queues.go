@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/tapqueues"
+	"github.com/napitap/napitap/pkg/tapsetup"
+)
+
+// queues lists the open queues of a tap, named by its netns and name or
+// by the attachment napitapd records.
+func queues(client *handoff.Client, args []string) error {
+	fs := subFlags("queues")
+	netns := fs.String("netns", "", "the tap's network namespace (a path)")
+	tap := fs.String("tap", "", "the tap's name")
+	container := fs.String("container", "", "container ID of the attachment (instead of --netns and --tap)")
+	ifName := fs.String("ifname", "", "CNI_IFNAME of the attachment")
+	output := fs.String("o", "table", "table or json")
+	fs.Parse(args)
+	switch {
+	case fs.NArg() != 0:
+		usageError("queues takes no arguments, got %q", fs.Args())
+	case *output != "table" && *output != "json":
+		usageError("queues: -o %q: table or json", *output)
+	case (*container == "") != (*ifName == ""):
+		usageError("queues: --container and --ifname name an attachment together: give both")
+	case *container != "" && (*netns != "" || *tap != ""):
+		usageError("queues: an attachment (--container, --ifname) or a tap (--netns, --tap), not both")
+	case *container == "" && (*netns == "" || *tap == ""):
+		usageError("queues: name the tap (--netns PATH --tap NAME) or its attachment (--container ID --ifname IF)")
+	}
+	if *container != "" {
+		att, err := attachment(client, handoff.Key{ContainerID: *container, IfName: *ifName})
+		if err != nil {
+			return err
+		}
+		*netns, *tap = att.Netns, att.TapName
+		if att.NodeTap {
+			*netns = "/proc/self/ns/net" // a Kata DAN tap: the node's netns, where napitapctl runs
+		}
+	}
+	id, err := tapsetup.NetnsID(*netns)
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", *netns, err)
+	}
+	found, err := tapqueues.Find(id, *tap)
+	if errors.Is(err, tapqueues.ErrNotPermitted) {
+		err = fmt.Errorf("%w: run napitapctl as root on the node, or in napitapd's container (kubectl exec -n napitap-system POD -c napitapd -- napitapctl queues ...)", err)
+	}
+	if *output == "json" {
+		if found == nil {
+			found = []tapqueues.Queue{}
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if encErr := enc.Encode(found); encErr != nil {
+			return encErr
+		}
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PID\tCOMMAND\tFD\tFLAGS\tNAPI\tFRAGS\tMULTIQUEUE")
+	for _, q := range found {
+		fmt.Fprintf(w, "%d\t%s\t%d\t%#x\t%v\t%v\t%v\n", q.PID, q.Command, q.FD, q.Flags, q.NAPI, q.Frags, q.MultiQueue)
+	}
+	if flushErr := w.Flush(); flushErr != nil {
+		return flushErr
+	}
+	if len(found) == 0 && err == nil {
+		fmt.Fprintf(os.Stderr, "napitapctl: no process holds a queue of tap %q in %s\n", *tap, *netns)
+	}
+	return err
+}
+
+// attachment is the attachment key names, from napitapd's list.
+func attachment(client *handoff.Client, key handoff.Key) (*handoff.Attachment, error) {
+	atts, err := client.List()
+	if err != nil {
+		return nil, err
+	}
+	for i := range atts {
+		if atts[i].Key == key {
+			return &atts[i], nil
+		}
+	}
+	return nil, fmt.Errorf("napitapd records no attachment %s (napitapctl list shows those it does)", key)
+}
