@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -675,15 +676,28 @@ func (c *cluster) checkMetrics(ds *daemonSetPod) {
 	t.Helper()
 	hostIP := c.kubectlMust("get", "pod", "-n", daemonSetNamespace, ds.name, "-o", "jsonpath={.status.hostIP}")
 	var body []byte
-	err := ns.WithNetNSPath(c.node.NetNS.Path(), func(ns.NetNS) error {
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + net.JoinHostPort(hostIP, "9695") + "/metrics")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, err = io.ReadAll(resp.Body)
+	var conn net.Conn
+	// Dialed here, on this thread in the node's netns: net/http would
+	// dial from a goroutine of its own, in whatever netns its thread is.
+	err := ns.WithNetNSPath(c.node.NetNS.Path(), func(ns.NetNS) (err error) {
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(hostIP, "9695"), 10*time.Second)
 		return err
 	})
+	if err == nil {
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		req, _ := http.NewRequest(http.MethodGet, "http://"+net.JoinHostPort(hostIP, "9695")+"/metrics", nil)
+		var resp *http.Response
+		if err = req.Write(conn); err == nil {
+			if resp, err = http.ReadResponse(bufio.NewReader(conn), req); err == nil {
+				defer resp.Body.Close()
+				body, err = io.ReadAll(resp.Body)
+				if err == nil && resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("%s: %s", resp.Status, body)
+				}
+			}
+		}
+	}
 	if err != nil {
 		t.Errorf("scraping napitapd's metrics on %s:9695: %v", hostIP, err)
 		return
@@ -712,5 +726,8 @@ func (c *cluster) checkMetrics(ds *daemonSetPod) {
 		if !slices.Contains(excerpt, want) && !slices.ContainsFunc(excerpt, func(l string) bool { return strings.HasPrefix(l, want) }) {
 			t.Errorf("napitapd's /metrics lacks %q", want)
 		}
+	}
+	if t.Failed() {
+		t.Logf("the whole answer:\n%s", crihelp.Tail(string(body), 3000))
 	}
 }

@@ -406,7 +406,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		t.Errorf("host-local still holds %v on the default network", left)
 	}
 	// The bridges stay, as on a node: the default network's and the NADs'.
-	if links, want := crihelp.LinkNames(t, n.NetNS), "lo napimultus0 napitap0 napitap1"; strings.Join(links, " ") != want {
+	if links, want := crihelp.LinkNames(t, n.NetNS), "lo napimultus0 napitap0 napitap1 napitap2"; strings.Join(links, " ") != want {
 		t.Errorf("node netns links after the pods went: %v, want %s", links, want)
 	}
 	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
