@@ -57,6 +57,13 @@ func container(t *testing.T, cs []corev1.Container, name string) *corev1.Contain
 func TestDaemonSetPod(t *testing.T) {
 	ds, objs := daemonSet(t, "deploy")
 	spec := ds.Spec.Template.Spec
+	// With hostNetwork a declared port is a host port, which a rollout's
+	// surge pod cannot get while the old pod has it: the rollout stalls.
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		if len(c.Ports) > 0 {
+			t.Errorf("container %s declares ports %+v: host ports under hostNetwork, which block a surge rollout", c.Name, c.Ports)
+		}
+	}
 
 	if ds.Namespace != "napitap-system" {
 		t.Errorf("namespace %q", ds.Namespace)
