@@ -128,3 +128,24 @@ func TestKataShimWrapperRunsTheShimItsNameAsksFor(t *testing.T) {
 		})
 	}
 }
+
+// Kata's Go runtime refuses a host-tap DAN file ("unknown DAN device
+// type", docs/DESIGN.md fact 23): where an operator picks a NAD, the Kata
+// page and the NAD itself say that kataDan is runtime-rs's alone, and what
+// the Go runtime takes instead.
+func TestTheKataPagesSayKataDanIsForRuntimeRsOnly(t *testing.T) {
+	for file, wants := range map[string][]string{
+		"deploy/kata/README.md": {"unknown DAN device type", "not `kataDan`, which the Go runtime refuses", "kata-go-napitap"},
+		"deploy/kata/nad.yaml":  {"runtime-rs"},
+	} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("%s does not say %q", file, want)
+			}
+		}
+	}
+}
