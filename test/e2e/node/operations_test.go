@@ -256,6 +256,17 @@ func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSet
 	if err := syscall.Kill(ds.supervisor, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// Its child gets SIGTERM and serves on until containerd ends what is
+	// left of the container, milliseconds later: the hot-plug goes out
+	// once it has, so that no napitapd of the killed container answers it.
+	if err := crihelp.Poll(30*time.Second, func() error {
+		if procName(ds.pid) == "napitapd" {
+			return fmt.Errorf("the killed container's napitapd, pid %d, still runs", ds.pid)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	whileDead := v.hotPlugAsync("hp-container")
 	next, m := c.waitRestartedContainer(before, killed)
 	serving := next.servingAt
@@ -281,7 +292,7 @@ func (c *cluster) killSupervisor(ds *daemonSetPod, v *longRunningVM) (*daemonSet
 		out.note = "the kubelet restarted the container, whose napitapd took everything back from the fd holder"
 	}
 	h := v.awaitHotPlug(c, whileDead)
-	if h != nil && h.issued.Add(h.took).Before(serving) {
+	if h != nil && h.issued.Add(h.took).Before(serving) && v.attachedIn(readFile(ds.log), killed) == 0 {
 		// Done before napitapd was back: the fd holder let it go on.
 		v.probePlainHotPlug(c, h, ds)
 		out.vmmWait = h.took
