@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -248,6 +249,7 @@ func (a *Agent) serve(l Listener, s *slot) {
 	// one's decisions: a notification is acted on only once the kernel
 	// confirms it (pending, and its caller blocked in that very call),
 	// whether a dead napitapd left it there or RECV just wrote it.
+	attachedAt := time.Time{} // of the slot's record, while it may be wanted
 	confirmAndAnswer := func(fd int, n *seccompNotif, confirmed string) {
 		gone, err := confirmReceived(fd, n)
 		switch {
@@ -260,7 +262,9 @@ func (a *Agent) serve(l Listener, s *slot) {
 			if confirmed != "" {
 				log.Info(confirmed, "pid", n.Pid)
 			}
-			a.answer(fd, n, s, sock, recent, own, hook, log)
+			if a.answer(fd, n, s, sock, recent, own, hook, log) {
+				attachedAt = time.Now()
+			}
 		}
 	}
 	if n := *s.notif(); n.ID != 0 {
@@ -269,6 +273,14 @@ func (a *Agent) serve(l Listener, s *slot) {
 				confirmAndAnswer(int(fd), &n, "answering a TUNSETIFF the previous napitapd received and never answered")
 			}
 		})
+	}
+	// Under Detach's lock: its deadline in the past must not be undone.
+	setDeadline := func(t time.Time) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if !a.closed {
+			_ = f.SetReadDeadline(t)
+		}
 	}
 	var n seccompNotif
 	for {
@@ -279,6 +291,15 @@ func (a *Agent) serve(l Listener, s *slot) {
 			return got || hup || recvErr != nil
 		})
 		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded) && !attachedAt.IsZero() && !a.isClosed():
+			// The last attach's restart window is over: its record would
+			// only make the fd holder leave a later call on the same fd
+			// number (a NIC hot-plugged after one was removed) to the
+			// next napitapd (plainqueue).
+			s.putLast(lastAttach{})
+			attachedAt = time.Time{}
+			setDeadline(time.Time{})
+			continue
 		case err != nil:
 			if !a.isClosed() {
 				log.Error("waiting on the seccomp listener", "err", err)
@@ -291,9 +312,18 @@ func (a *Agent) serve(l Listener, s *slot) {
 			exited = true
 			return
 		}
+		before := attachedAt
 		_ = rc.Control(func(fd uintptr) { confirmAndAnswer(int(fd), &n, "") })
+		if attachedAt != before {
+			setDeadline(attachedAt.Add(restartWindow))
+		}
 	}
 }
+
+// restartWindow is how long an attach's record stays in the slot after the
+// answer: a signal that interrupts the caller makes the kernel restart its
+// TUNSETIFF at once (restart.go), well within it.
+const restartWindow = time.Second
 
 // recvReady takes a pending notification if there is one, without
 // blocking (the kernel's RECV ignores O_NONBLOCK, so poll first): RECV
@@ -328,7 +358,7 @@ func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 }
 
 // answer answers n, which s records.
-func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), log *slog.Logger) {
+func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), log *slog.Logger) (attached bool) {
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.
@@ -353,7 +383,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		if prev != nil {
 			recent.put(n.Pid, *prev) // interrupted again: still to restart
 		}
-		return
+		return v.queue != nil
 	}
 	if hook != nil {
 		hook(int(n.Pid), !v.cont && v.errno == 0)
@@ -369,7 +399,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
 		a.observed(OutcomeError)
-		return
+		return v.queue != nil
 	}
 	switch {
 	case v.cont:
@@ -379,6 +409,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	default:
 		a.observed(OutcomeNAPI)
 	}
+	return v.queue != nil
 }
 
 func (a *Agent) observed(outcome string) {

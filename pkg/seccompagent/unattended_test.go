@@ -4,9 +4,11 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 )
 
@@ -130,4 +132,67 @@ func fileFlags(t *testing.T, f *os.File) int {
 		t.Fatal(err)
 	}
 	return flags
+}
+
+// TestTheSlotsAttachRecordLastsOnlyTheRestartWindow: the record of the last
+// attach is for a TUNSETIFF a signal restarts at once; kept longer, it
+// would make the fd holder leave a later call on the same fd number (a NIC
+// hot-plugged after one was removed reuses its fds) to the next napitapd.
+func TestTheSlotsAttachRecordLastsOnlyTheRestartWindow(t *testing.T) {
+	pod, tap, reg := slotTestPod(t, "seccompwin")
+	// A caller that stays, as a VMM does: its filter's listener stays
+	// served after the attach.
+	release := make(chan struct{})
+	defer close(release)
+	fds := make(chan int, 1)
+	res := make(chan callResult, 1)
+	nstest.OnThreadThatEnds(func() {
+		nsfd, err := unix.Open(pod, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Setns(nsfd, unix.CLONE_NEWNET)
+			unix.Close(nsfd)
+		}
+		fd := -1
+		if err == nil {
+			fd, err = installFilter(filterFlags)
+		}
+		if err != nil {
+			fds <- -1
+			res <- callResult{err: err}
+			return
+		}
+		fds <- fd
+		errno, flags, err := attachOnce(tap)
+		res <- callResult{errno, flags, err}
+		<-release
+	})
+	lfd := <-fds
+	if lfd < 0 {
+		t.Fatal((<-res).err)
+	}
+	listener := os.NewFile(uintptr(lfd), "seccomp-listener")
+	mine, err := newSlot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.close()
+	dupFD, err := unix.FcntlInt(mine.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := os.NewFile(uintptr(dupFD), "slot")
+	agent := newSlotTestAgent(t, reg, &syncbuf.Buffer{}, nil)
+	if err := agent.Adopt(Listener{File: listener, Slot: theirs, Origin: "window test"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := awaitCaller(t, res); r.errno != 0 || r.flags&unix.IFF_NAPI == 0 {
+		t.Fatalf("the caller: %v, flags 0x%x; want a NAPI queue", r.errno, r.flags)
+	}
+	if _, _, ok := mine.last(); !ok {
+		t.Fatal("no record of the attach right after it")
+	}
+	time.Sleep(restartWindow + 500*time.Millisecond)
+	if tid, q, ok := mine.last(); ok {
+		t.Errorf("the record of thread %d's fd %d is still in the slot %v after the attach", tid, q.fd, restartWindow+500*time.Millisecond)
+	}
 }
