@@ -193,6 +193,7 @@ const ListPage = 64
 const (
 	CodeBadRequest  = "bad-request" // malformed, wrong version, bad fields
 	CodeDenied      = "denied"      // the caller may not do this
+	CodeGone        = "gone"        // the caller exited before its request was read
 	CodeNotFound    = "not-found"   // no such attachment
 	CodeBusy        = "busy"        // queues still attached by another process
 	CodeExists      = "exists"      // register of a key already held

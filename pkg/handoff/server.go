@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
@@ -206,7 +208,10 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 			resp, out, closing = s.handle(b, files, cred)
 		}
 		resp.Version = Version
-		if resp.Error != nil {
+		switch {
+		case resp.Error != nil && resp.Error.Code == CodeGone:
+			s.log.Info("a request whose caller has exited: not acted on", "pid", cred.Pid, "err", resp.Error.Message)
+		case resp.Error != nil:
 			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid, "code", resp.Error.Code, "err", resp.Error.Message)
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(sendTimeout))
@@ -216,7 +221,12 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		// the queues closed too.
 		closeAll(closing)
 		if err != nil {
-			s.log.Error("send response", "pid", cred.Pid, "err", err)
+			if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+				// The caller gave up before the answer (a plugin's timeout).
+				s.log.Info("the caller hung up before the answer", "pid", cred.Pid, "err", err)
+			} else {
+				s.log.Error("send response", "pid", cred.Pid, "err", err)
+			}
 			s.restore(resp, out)
 			if errors.Is(err, errTooBig) {
 				// Answer, rather than leave the caller with a bare EOF.
@@ -264,6 +274,13 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response,
 		err := fmt.Errorf("caller uid %d", cred.Uid)
 		if cred.Uid == 0 {
 			err = peerauth.Process(int(cred.Pid), cred.pidfd)
+		}
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			// A plugin that gave up (its ADD timed out while napitapd was
+			// down) left its request in the socket's backlog: no answer
+			// reaches it, and nothing is done for it.
+			closeAll(files)
+			return &Response{Error: errorf(CodeGone, "%s: the caller, pid %d, has exited: %v", req.Op, cred.Pid, err)}, nil, nil
 		}
 		if err != nil {
 			closeAll(files)
