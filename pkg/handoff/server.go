@@ -256,13 +256,11 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response,
 		}
 	}()
 	req, perr := decodeRequest(b)
-	if perr == nil {
-		op = req.Op
-	}
 	if perr != nil {
 		closeAll(files)
 		return &Response{Error: perr}, nil, nil
 	}
+	op = req.Op
 	if req.Op != OpRegister && len(files) > 0 {
 		closeAll(files)
 		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil, nil

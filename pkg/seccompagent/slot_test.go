@@ -320,8 +320,16 @@ type callResult struct {
 
 // callerUnderFilter is a QEMU-like TUNSETIFF on tap from a thread of this
 // process in netnsPath that carries the filter; its listener is the
-// test's to serve.
+// test's to serve. The thread ends with the call.
 func callerUnderFilter(t *testing.T, netnsPath, tap string) (*os.File, <-chan callResult) {
+	t.Helper()
+	return callerUnderFilterUntil(t, netnsPath, tap, nil)
+}
+
+// callerUnderFilterUntil is callerUnderFilter whose thread, as a VMM does,
+// stays after the call until release is closed (nil: it does not stay),
+// so that its listener stays served.
+func callerUnderFilterUntil(t *testing.T, netnsPath, tap string, release <-chan struct{}) (*os.File, <-chan callResult) {
 	t.Helper()
 	fds := make(chan int, 1)
 	res := make(chan callResult, 1)
@@ -346,6 +354,9 @@ func callerUnderFilter(t *testing.T, netnsPath, tap string) (*os.File, <-chan ca
 		fds <- fd
 		errno, flags, err := attachOnce(tap)
 		res <- callResult{errno, flags, err}
+		if release != nil {
+			<-release
+		}
 	})
 	fd := <-fds
 	if fd < 0 {

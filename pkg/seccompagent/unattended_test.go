@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/internal/syncbuf"
 )
 
@@ -144,33 +143,7 @@ func TestTheSlotsAttachRecordLastsOnlyTheRestartWindow(t *testing.T) {
 	// served after the attach.
 	release := make(chan struct{})
 	defer close(release)
-	fds := make(chan int, 1)
-	res := make(chan callResult, 1)
-	nstest.OnThreadThatEnds(func() {
-		nsfd, err := unix.Open(pod, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Setns(nsfd, unix.CLONE_NEWNET)
-			unix.Close(nsfd)
-		}
-		fd := -1
-		if err == nil {
-			fd, err = installFilter(filterFlags)
-		}
-		if err != nil {
-			fds <- -1
-			res <- callResult{err: err}
-			return
-		}
-		fds <- fd
-		errno, flags, err := attachOnce(tap)
-		res <- callResult{errno, flags, err}
-		<-release
-	})
-	lfd := <-fds
-	if lfd < 0 {
-		t.Fatal((<-res).err)
-	}
-	listener := os.NewFile(uintptr(lfd), "seccomp-listener")
+	listener, res := callerUnderFilterUntil(t, pod, tap, release)
 	mine, err := newSlot()
 	if err != nil {
 		t.Fatal(err)
