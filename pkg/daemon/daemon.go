@@ -60,15 +60,11 @@ type Config struct {
 func Run(logger *slog.Logger, o Config, stop <-chan os.Signal) error {
 	defer o.Metrics.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer cancel()
+	returned := make(chan struct{})
+	defer close(returned)
+	stop = relay(stop, cancel, returned)
 	lock, offer, err := takeover.Acquire(ctx, o.StateDir, o.Socket, logger)
-	cancel()
 	if err != nil {
 		return err
 	}
@@ -169,6 +165,30 @@ func (d *daemon) awaitSuccessor(stop <-chan os.Signal) error {
 		d.log.Info("asked to stop again: stopping now", "waited", time.Since(start).String())
 	}
 	return d.stop()
+}
+
+// relay passes on every signal from stop, after calling onSignal, until
+// done is closed. A SIGTERM while Acquire waits for the lock must end the
+// wait, yet still stop the napitapd that then serves: taken from stop by
+// a watcher of Acquire alone, it was lost, and napitapd served on.
+func relay(stop <-chan os.Signal, onSignal func(), done <-chan struct{}) <-chan os.Signal {
+	out := make(chan os.Signal, 1)
+	go func() {
+		for {
+			select {
+			case s := <-stop:
+				onSignal()
+				select {
+				case out <- s:
+				case <-done:
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // holderWait is how long a napitapd starting without a takeover waits for
