@@ -215,8 +215,8 @@ type Attachment struct {
 	// ForDelete loads for DEL: only what names the attachment's objects is
 	// checked, so DEL can clean up after any ADD that failed on a value.
 	ForDelete bool
-	// AllowUnknown ignores keys napitap does not know, for what cleans up
-	// (DEL, GC) after a config of another version; ADD, CHECK and STATUS
+	// AllowUnknown ignores keys napitap does not know, for GC, which
+	// sweeps after configs of any version; ADD, CHECK, DEL and STATUS
 	// refuse them.
 	AllowUnknown bool
 }

@@ -832,7 +832,7 @@ func TestThreadedNAPIDefault(t *testing.T) {
 func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 	del := func(ifName, cniArgs string) config.Attachment {
 		a := att(ifName)
-		a.CNIArgs, a.ForDelete, a.AllowUnknown = cniArgs, true, true
+		a.CNIArgs, a.ForDelete = cniArgs, true
 		return a
 	}
 	loaded := []struct {
@@ -847,7 +847,7 @@ func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 		{"an unknown wiring", conf(`"wiring":"vxlan"`), ""},
 		{"vnetHdrSize 11", conf(`"vnetHdrSize":11`), ""},
 		{"an unknown root qdisc", conf(`"rootQdisc":"fq"`), ""},
-		{"a key this version does not know", conf(`"someFutureKnob":1,"handoff":{"someFutureMode":true}`), ""},
+		{"the older spelling of handoff mode off", conf(`"handoff":{"disabled":true}`), ""},
 	}
 	for _, tt := range loaded {
 		t.Run("DEL loads a config with "+tt.name, func(t *testing.T) {
@@ -856,6 +856,10 @@ func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 			}
 		})
 	}
+	t.Run("DEL still refuses a misspelt key, naming it", func(t *testing.T) {
+		_, err := config.Load([]byte(conf(`"handoff":{"mdoe":"intercept"}`)), del("net1", ""))
+		wantCNIError(t, err, types.ErrInvalidNetworkConfig, "handoff.mdoe")
+	})
 	t.Run("DEL still rejects a tap name the kernel would not take", func(t *testing.T) {
 		_, err := config.Load([]byte(conf(`"tapName":"../etc"`)), del("net1", ""))
 		wantCNIError(t, err, types.ErrInvalidNetworkConfig, "tapName")

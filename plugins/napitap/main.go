@@ -232,7 +232,10 @@ func buildResult(conf *config.Config, args *skel.CmdArgs, tap netlink.Link, gues
 
 func cmdDel(args *skel.CmdArgs) error {
 	att := attachment(args, true)
-	att.ForDelete, att.AllowUnknown = true, true
+	// Unknown keys are refused here too (a typo must not pass at any verb);
+	// Multus gives DEL the config its ADD took (DESIGN.md), and a key
+	// napitap once took stays known, so an attachment still cleans up.
+	att.ForDelete = true
 	conf, err := config.Load(args.StdinData, att)
 	if err != nil {
 		return err

@@ -565,6 +565,32 @@ func TestDelSucceedsWhenTheNetnsIsGone(t *testing.T) {
 	}
 }
 
+// A DEL whose config has a typo (a NAD edited after ADD) fails with code 7
+// naming the key and removes nothing; the corrected config then cleans up.
+func TestDelRefusesAMisspeltKeyAndLeavesTheAttachment(t *testing.T) {
+	e := cnitest.NewEnv(t, binDir)
+	list := e.List("1.0.0", `{"type":"napitap","queues":2,`+nodeHandoff(t)+`}`)
+	rt := e.RT("tap0")
+	e.MustAdd(list, rt)
+	t.Cleanup(func() { _ = e.Del(list, rt) })
+	before := e.PodLinks()
+
+	typo := e.List("1.0.0", `{"type":"napitap","queus":2,`+nodeHandoff(t)+`}`)
+	err := e.Del(typo, rt)
+	if code := cnitest.CNICode(err); code != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), `queus: unknown key; did you mean "queues"?`) {
+		t.Errorf("DEL with a misspelt key: code %d (%v), want %d naming queus", code, err, types.ErrInvalidNetworkConfig)
+	}
+	if after := e.PodLinks(); !slices.Equal(before, after) {
+		t.Errorf("pod netns after the refused DEL: %v, before: %v", after, before)
+	}
+	if err := e.Del(list, rt); err != nil {
+		t.Fatalf("DEL with the corrected config: %v", err)
+	}
+	if after := e.PodLinks(); slices.Contains(after, "tap0") {
+		t.Errorf("tap0 left after DEL: %v", after)
+	}
+}
+
 // BenchmarkAddDel4QueueNAPI: ADD then DEL of a standalone 4-queue NAPI tap,
 // exec'd through libcni as a runtime does.
 func BenchmarkAddDel4QueueNAPI(b *testing.B) {
