@@ -38,7 +38,7 @@ var repoRoot = func() string {
 // KubeVirt's API server would decode them.
 var kubevirtKinds = map[string]func() any{
 	"KubeVirt":               func() any { return &kubevirtv1.KubeVirt{} },
-	"VirtualMachineInstance": func() any { return &kubevirtv1.VirtualMachineInstance{} },
+	"VirtualMachine":         func() any { return &kubevirtv1.VirtualMachine{} },
 }
 
 // object is one YAML document of deploy/.
@@ -237,18 +237,18 @@ func TestEveryKubeVirtManifestDecodesIntoKubeVirtsTypes(t *testing.T) {
 		}
 	}
 	if n < 2 {
-		t.Errorf("%d kubevirt.io objects under deploy/, want the KubeVirt patch and the VMI", n)
+		t.Errorf("%d kubevirt.io objects under deploy/, want the KubeVirt patch and the VM", n)
 	}
 }
 
 // The strict decoding is what the other tests rely on: prove it bites.
 func TestStrictDecodingRejectsWhatKubeVirtsAPIDoesNot(t *testing.T) {
 	for _, tc := range []struct{ name, doc string }{
-		{"a VMI field spelt in the wrong case", "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: x}\nspec:\n  domain:\n    devices: {networkInterfaceMultiQueue: true}\n"},
+		{"a VM field spelt in the wrong case", "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: x}\nspec:\n  template:\n    spec:\n      domain:\n        devices: {networkInterfaceMultiQueue: true}\n"},
 		{"a binding field KubeVirt does not have", "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: x}\nspec:\n  configuration:\n    network:\n      binding:\n        napitap: {domainAttachment: tap}\n"},
 		{"a seccomp profile in the wrong place", "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: x}\nspec:\n  configuration:\n    seccompConfiguration:\n      customProfile: {localhostProfile: napitap/virt-launcher.json}\n"},
 		{"a duplicate field", "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: x}\nspec: {}\nspec: {}\n"},
-		{"a kubevirt.io kind this suite does not know", "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: x}\n"},
+		{"a kubevirt.io kind this suite does not know", "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceReplicaSet\nmetadata: {name: x}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := decode(tc.name, []byte(tc.doc)); err == nil {
@@ -291,7 +291,7 @@ func napitapConf(nadConfig string) (keys map[string]json.RawMessage, raw []byte,
 	return nil, nil, errors.New("no napitap plugin in the config list")
 }
 
-// The KubeVirt example fits together: the VMI's binding is registered with
+// The KubeVirt example fits together: the VM's binding is registered with
 // domainAttachmentType tap, its network is a napitap network whose tap
 // KubeVirt finds by name and a non-root VMI's libvirt (uid/gid 107) can
 // open, the tap's multiqueue mode is what the VMI asks for, and
@@ -300,7 +300,11 @@ func napitapConf(nadConfig string) (keys map[string]json.RawMessage, raw []byte,
 func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 	objs := deployObjects(t)
 	kv := find[*kubevirtv1.KubeVirt](t, objs, "KubeVirt", "kubevirt")
-	vmi := find[*kubevirtv1.VirtualMachineInstance](t, objs, "VirtualMachineInstance", "napitap-vmi")
+	vm := find[*kubevirtv1.VirtualMachine](t, objs, "VirtualMachine", "napitap-vm1")
+	if vm.Spec.Template == nil {
+		t.Fatal("the VM has no template")
+	}
+	spec := vm.Spec.Template.Spec
 	ds := find[*appsv1.DaemonSet](t, objs, "DaemonSet", "napitap")
 
 	var installDir string
@@ -333,17 +337,17 @@ func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 		}
 	}
 	networks := map[string]kubevirtv1.Network{}
-	for _, n := range vmi.Spec.Networks {
+	for _, n := range spec.Networks {
 		networks[n.Name] = n
 	}
 	vcpus := uint32(1)
-	if c := vmi.Spec.Domain.CPU; c != nil {
+	if c := spec.Domain.CPU; c != nil {
 		vcpus = max(c.Cores, 1) * max(c.Sockets, 1) * max(c.Threads, 1)
 	}
-	multiqueue := vmi.Spec.Domain.Devices.NetworkInterfaceMultiQueue != nil && *vmi.Spec.Domain.Devices.NetworkInterfaceMultiQueue
+	multiqueue := spec.Domain.Devices.NetworkInterfaceMultiQueue != nil && *spec.Domain.Devices.NetworkInterfaceMultiQueue
 
 	bound := 0
-	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
+	for _, iface := range spec.Domain.Devices.Interfaces {
 		if iface.Binding == nil {
 			continue
 		}
@@ -398,13 +402,114 @@ func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 			t.Errorf("NAD %s: handoff mode %q required %v: libvirt opens the tap by name, so intercept, required so that no VM starts without NAPI", network.Multus.NetworkName, conf.HandoffMode, conf.HandoffRequired)
 		}
 		if wantMQ := multiqueue && vcpus > 1; (conf.Queues > 1) != wantMQ {
-			t.Errorf("NAD %s: %d queues, but the VMI has networkInterfaceMultiqueue %v with %d vCPUs", network.Multus.NetworkName, conf.Queues, multiqueue, vcpus)
+			t.Errorf("NAD %s: %d queues, but the VM has networkInterfaceMultiqueue %v with %d vCPUs", network.Multus.NetworkName, conf.Queues, multiqueue, vcpus)
 		}
 		if multiqueue && uint32(conf.Queues) != vcpus {
 			t.Errorf("NAD %s: %d queues for %d vCPUs", network.Multus.NetworkName, conf.Queues, vcpus)
 		}
 	}
 	if bound == 0 {
-		t.Error("the VMI has no interface with a binding plugin")
+		t.Error("the VM has no interface with a binding plugin")
+	}
+}
+
+// With a tap binding KubeVirt runs no DHCP server for the guest, so the
+// example VM's cloud-init must give each NIC what the network gives its
+// pod interface: the napitap NIC the NAD's static address, matched by the
+// MAC the VM fixes, and the pod network's NIC DHCP (cloud-init's network
+// config replaces the image's whole one).
+func TestTheKubeVirtVMsCloudInitGivesEachNICItsNetworksAddress(t *testing.T) {
+	objs := deployObjects(t)
+	vm := find[*kubevirtv1.VirtualMachine](t, objs, "VirtualMachine", "napitap-vm1")
+	if vm.Spec.Template == nil {
+		t.Fatal("the VM has no template")
+	}
+	spec := vm.Spec.Template.Spec
+	var networkData string
+	for _, v := range spec.Volumes {
+		if v.CloudInitNoCloud != nil {
+			networkData = v.CloudInitNoCloud.NetworkData
+		}
+	}
+	var nd struct {
+		Version   int `json:"version"`
+		Ethernets map[string]struct {
+			Match struct {
+				MACAddress string `json:"macaddress"`
+			} `json:"match"`
+			DHCP4     bool     `json:"dhcp4"`
+			Addresses []string `json:"addresses"`
+		} `json:"ethernets"`
+	}
+	if err := sigsyaml.UnmarshalStrict([]byte(networkData), &nd); err != nil || nd.Version != 2 {
+		t.Fatalf("the VM's cloud-init networkData is not a version 2 network config this test reads (%v):\n%s", err, networkData)
+	}
+	byMAC := map[string][]string{}
+	dhcp := map[string]bool{}
+	for name, e := range nd.Ethernets {
+		if e.Match.MACAddress == "" {
+			t.Errorf("networkData ethernets %s matches no MAC: which NIC it is depends on the guest's device order", name)
+		}
+		byMAC[strings.ToLower(e.Match.MACAddress)] = e.Addresses
+		dhcp[strings.ToLower(e.Match.MACAddress)] = e.DHCP4
+	}
+
+	networks := map[string]kubevirtv1.Network{}
+	for _, n := range spec.Networks {
+		networks[n.Name] = n
+	}
+	nads := map[string]*nad{}
+	for _, o := range objs {
+		if n, ok := o.obj.(*nad); ok {
+			nads[o.name] = n
+		}
+	}
+	for _, iface := range spec.Domain.Devices.Interfaces {
+		mac := strings.ToLower(iface.MacAddress)
+		if mac == "" {
+			t.Errorf("interface %s has no fixed MAC for cloud-init to match", iface.Name)
+			continue
+		}
+		if _, ok := byMAC[mac]; !ok {
+			t.Errorf("interface %s (MAC %s): no networkData entry matches it", iface.Name, mac)
+			continue
+		}
+		network := networks[iface.Name]
+		if network.Pod != nil {
+			if !dhcp[mac] {
+				t.Errorf("interface %s is the pod network's: its networkData entry must use DHCP (KubeVirt's masquerade binding serves it)", iface.Name)
+			}
+			continue
+		}
+		if network.Multus == nil || nads[network.Multus.NetworkName] == nil {
+			t.Errorf("interface %s: its network is not a NAD under deploy/", iface.Name)
+			continue
+		}
+		var list struct {
+			Plugins []struct {
+				IPAM struct {
+					Type      string `json:"type"`
+					Addresses []struct {
+						Address string `json:"address"`
+					} `json:"addresses"`
+				} `json:"ipam"`
+			} `json:"plugins"`
+		}
+		if err := json.Unmarshal([]byte(nads[network.Multus.NetworkName].Spec.Config), &list); err != nil || len(list.Plugins) == 0 {
+			t.Errorf("NAD %s: %v", network.Multus.NetworkName, err)
+			continue
+		}
+		ipam := list.Plugins[0].IPAM
+		if ipam.Type != "static" {
+			t.Errorf("NAD %s: IPAM %q: only a static address can be the one cloud-init gives the guest", network.Multus.NetworkName, ipam.Type)
+			continue
+		}
+		var want []string
+		for _, a := range ipam.Addresses {
+			want = append(want, a.Address)
+		}
+		if got := byMAC[mac]; strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("interface %s: cloud-init gives the guest %v, the NAD's IPAM gives its pod interface %v", iface.Name, got, want)
+		}
 	}
 }

@@ -44,7 +44,7 @@ const (
 // Config says what kind of node Start makes.
 type Config struct {
 	Root   string // NewRoot's temp dir: everything goes in it
-	BinDir string // napitap, napitapd, pause, bridge, host-local and loopback
+	BinDir string // napitap, napitapd, pause, bridge, host-local and loopback (and static, if built)
 	Crictl string // BuildCrictl's
 	// NetNS is the node netns containerd serves; nil makes one
 	// ("napitap-cri-node-*") that is removed when the test ends.
@@ -325,10 +325,13 @@ func Start(t testing.TB, cfg Config) *Node {
 			t.Fatal(err)
 		}
 	}
-	for _, plugin := range []string{"napitap", "bridge", "host-local", "loopback"} {
+	for _, plugin := range []string{"napitap", "bridge", "host-local", "loopback", "static"} {
 		target := filepath.Join(cfg.BinDir, plugin)
 		if plugin == "napitap" && cfg.NapitapPlugin != "" {
 			target = cfg.NapitapPlugin
+		}
+		if _, err := os.Stat(target); plugin == "static" && err != nil {
+			continue // built only by suites whose networks use it
 		}
 		if err := os.Symlink(target, filepath.Join(n.BinLinks, plugin)); err != nil {
 			t.Fatal(err)

@@ -9,16 +9,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/katadan"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/test/e2e/crihelp"
 	"github.com/napitap/napitap/test/e2e/nodecheck"
+	"github.com/vishvananda/netlink"
 )
 
 // Multus on the node: the thin plugin is the node's one CNI config, with
@@ -314,6 +317,9 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 	c.kubectlMust("apply", "-n", podNamespace, "-k", examples)
 	c.kubectlMust("apply", "-n", podNamespace, "-f", filepath.Join(repo, "deploy", "kubevirt", "nad.yaml"),
 		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"), "-f", filepath.Join(repo, "deploy", "kata", "nad-multiqueue.yaml"))
+	// The KubeVirt VM's own network, from the file that holds it with the
+	// VM (this API server has no KubeVirt kinds).
+	c.apply(nadDocuments(t, filepath.Join(repo, "deploy", "kubevirt", "vm.yaml")))
 	t.Logf("NADs: %s", c.kubectlMust("get", "-n", podNamespace, "network-attachment-definitions", "-o", "name"))
 	c.publishRootCA()
 
@@ -331,6 +337,8 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 			want: nodecheck.Expect{IfName: "net1", Queues: 1, NAPI: true, Wiring: "node-bridge", Bridge: "napitap1", NodeNetns: c.node.NetNS.Path(), Held: 0}},
 		{pod: pod{name: "vm-kata-mq"}, nad: "napitap-kata-mq", subnet: "10.196.0.0/24",
 			want: nodecheck.Expect{IfName: "net1", Queues: 2, NAPI: true, Wiring: "node-bridge", Bridge: "napitap2", NodeNetns: c.node.NetNS.Path(), Held: 0}},
+		{pod: pod{name: "vm-kubevirt-vm1"}, nad: "napitap-vm1", subnet: "10.192.0.10/32",
+			want: nodecheck.Expect{IfName: kubevirtIf, TapName: kubeVirtTapName(kubevirtIf), Queues: 4, NAPI: true, Wiring: "tc-redirect", Held: 0}},
 	}
 	for _, p := range pods[1:] {
 		c.apply(c.multusManifest(p.name, fmt.Sprintf(`[{"name":%q,"interface":%q}]`, p.nad, p.want.IfName)))
@@ -368,6 +376,23 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		{"a KubeVirt pod interface gets the tap KubeVirt looks for", pods[2], func(*testing.T, *multusPod) {}},
 		{"a Kata pod's tap is in the node's netns and the sandbox's DAN file, one queue", pods[3], checkDAN},
 		{"a multiqueue Kata pod's tap is in the node's netns and the sandbox's DAN file, 2 queues", pods[4], checkDAN},
+		{"the KubeVirt VM's network gives its guest the address its cloud-init sets, and the node's bridge the gateway", pods[5], func(t *testing.T, p *multusPod) {
+			var addrs []string
+			err := c.node.NetNS.Do(func(ns.NetNS) error {
+				link, err := netlink.LinkByName("napitap3")
+				if err != nil {
+					return err
+				}
+				list, err := netlink.AddrList(link, netlink.FAMILY_V4)
+				for _, a := range list {
+					addrs = append(addrs, a.IPNet.String())
+				}
+				return err
+			})
+			if err != nil || !slices.Contains(addrs, "10.192.0.1/24") {
+				t.Errorf("napitap3 in the node's netns: %v (%v), want the gateway 10.192.0.1/24", addrs, err)
+			}
+		}},
 	}
 	for _, tc := range checks {
 		t.Run(tc.name, func(t *testing.T) {
@@ -581,4 +606,24 @@ func leases(t *testing.T, dataDir string) []string {
 		}
 	}
 	return out
+}
+
+// nadDocuments is the NetworkAttachmentDefinitions of a manifest file,
+// alone, for an API server that would refuse its other kinds.
+func nadDocuments(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nads []string
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "\nkind: NetworkAttachmentDefinition\n") {
+			nads = append(nads, doc)
+		}
+	}
+	if len(nads) == 0 {
+		t.Fatalf("%s holds no NetworkAttachmentDefinition", path)
+	}
+	return strings.Join(nads, "\n---\n")
 }

@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
+		"github.com/containernetworking/plugins/plugins/ipam/static",
 	)
 }
 
