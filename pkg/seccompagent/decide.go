@@ -97,7 +97,12 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	t, managed := a.reg.Lookup(netnsID, ifr.name)
-	if managed && !t.NAPI || !managed && own == nil {
+	if managed && !t.NAPI {
+		a.log.Info("TUNSETIFF of a tap whose network sets napi false: left to the kernel, no NAPI", "tap", ifr.name, "attachment", t.Key, "pid", tid)
+		return continueVerdict
+	}
+	if !managed && own == nil {
+		a.log.Debug("TUNSETIFF of a tap that is no intercept-mode attachment: left to the kernel", "tap", ifr.name, "pid", tid, "netns", netnsID)
 		return continueVerdict
 	}
 	exists, alias, err := tapMark(nsfd, netnsID, ifr.name, sock)
