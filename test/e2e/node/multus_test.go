@@ -319,7 +319,11 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		"-f", filepath.Join(repo, "deploy", "kata", "nad.yaml"), "-f", filepath.Join(repo, "deploy", "kata", "nad-multiqueue.yaml"))
 	// The KubeVirt VM's own network, from the file that holds it with the
 	// VM (this API server has no KubeVirt kinds).
-	c.apply(nadDocuments(t, filepath.Join(repo, "deploy", "kubevirt", "vm.yaml")))
+	vmNAD := filepath.Join(c.root, "vm-nad.yaml")
+	if err := os.WriteFile(vmNAD, []byte(nadDocuments(t, filepath.Join(repo, "deploy", "kubevirt", "vm.yaml"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlMust("apply", "-n", podNamespace, "-f", vmNAD)
 	t.Logf("NADs: %s", c.kubectlMust("get", "-n", podNamespace, "network-attachment-definitions", "-o", "name"))
 	c.publishRootCA()
 
@@ -431,7 +435,7 @@ func TestMultusAttachesTheShippedNetworks(t *testing.T) {
 		t.Errorf("host-local still holds %v on the default network", left)
 	}
 	// The bridges stay, as on a node: the default network's and the NADs'.
-	if links, want := crihelp.LinkNames(t, n.NetNS), "lo napimultus0 napitap0 napitap1 napitap2"; strings.Join(links, " ") != want {
+	if links, want := crihelp.LinkNames(t, n.NetNS), "lo napimultus0 napitap0 napitap1 napitap2 napitap3"; strings.Join(links, " ") != want {
 		t.Errorf("node netns links after the pods went: %v, want %s", links, want)
 	}
 	t.Logf("whole run: %v", time.Since(testStart).Round(time.Second))
