@@ -291,6 +291,25 @@ func napitapConf(nadConfig string) (keys map[string]json.RawMessage, raw []byte,
 	return nil, nil, errors.New("no napitap plugin in the config list")
 }
 
+// exampleVMSpec is the spec of the VM deploy/kubevirt/vm.yaml runs.
+func exampleVMSpec(t *testing.T, objs []object) kubevirtv1.VirtualMachineInstanceSpec {
+	t.Helper()
+	vm := find[*kubevirtv1.VirtualMachine](t, objs, "VirtualMachine", "napitap-vm1")
+	if vm.Spec.Template == nil {
+		t.Fatal("the VM has no template")
+	}
+	return vm.Spec.Template.Spec
+}
+
+// networksByName is spec's networks, by the name its interfaces use.
+func networksByName(spec kubevirtv1.VirtualMachineInstanceSpec) map[string]kubevirtv1.Network {
+	networks := map[string]kubevirtv1.Network{}
+	for _, n := range spec.Networks {
+		networks[n.Name] = n
+	}
+	return networks
+}
+
 // The KubeVirt example fits together: the VM's binding is registered with
 // domainAttachmentType tap, its network is a napitap network whose tap
 // KubeVirt finds by name and a non-root VMI's libvirt (uid/gid 107) can
@@ -300,11 +319,7 @@ func napitapConf(nadConfig string) (keys map[string]json.RawMessage, raw []byte,
 func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 	objs := deployObjects(t)
 	kv := find[*kubevirtv1.KubeVirt](t, objs, "KubeVirt", "kubevirt")
-	vm := find[*kubevirtv1.VirtualMachine](t, objs, "VirtualMachine", "napitap-vm1")
-	if vm.Spec.Template == nil {
-		t.Fatal("the VM has no template")
-	}
-	spec := vm.Spec.Template.Spec
+	spec := exampleVMSpec(t, objs)
 	ds := find[*appsv1.DaemonSet](t, objs, "DaemonSet", "napitap")
 
 	var installDir string
@@ -336,10 +351,7 @@ func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 			nads[o.name] = n
 		}
 	}
-	networks := map[string]kubevirtv1.Network{}
-	for _, n := range spec.Networks {
-		networks[n.Name] = n
-	}
+	networks := networksByName(spec)
 	vcpus := uint32(1)
 	if c := spec.Domain.CPU; c != nil {
 		vcpus = max(c.Cores, 1) * max(c.Sockets, 1) * max(c.Threads, 1)
@@ -420,11 +432,7 @@ func TestTheKubeVirtExampleFitsTogether(t *testing.T) {
 // config replaces the image's whole one).
 func TestTheKubeVirtVMsCloudInitGivesEachNICItsNetworksAddress(t *testing.T) {
 	objs := deployObjects(t)
-	vm := find[*kubevirtv1.VirtualMachine](t, objs, "VirtualMachine", "napitap-vm1")
-	if vm.Spec.Template == nil {
-		t.Fatal("the VM has no template")
-	}
-	spec := vm.Spec.Template.Spec
+	spec := exampleVMSpec(t, objs)
 	var networkData string
 	for _, v := range spec.Volumes {
 		if v.CloudInitNoCloud != nil {
@@ -454,10 +462,7 @@ func TestTheKubeVirtVMsCloudInitGivesEachNICItsNetworksAddress(t *testing.T) {
 		dhcp[strings.ToLower(e.Match.MACAddress)] = e.DHCP4
 	}
 
-	networks := map[string]kubevirtv1.Network{}
-	for _, n := range spec.Networks {
-		networks[n.Name] = n
-	}
+	networks := networksByName(spec)
 	nads := map[string]*nad{}
 	for _, o := range objs {
 		if n, ok := o.obj.(*nad); ok {
