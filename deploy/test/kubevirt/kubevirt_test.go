@@ -37,8 +37,8 @@ var repoRoot = func() string {
 // kubevirtKinds are the kubevirt.io/v1 kinds the manifests may hold, as
 // KubeVirt's API server would decode them.
 var kubevirtKinds = map[string]func() any{
-	"KubeVirt":               func() any { return &kubevirtv1.KubeVirt{} },
-	"VirtualMachine":         func() any { return &kubevirtv1.VirtualMachine{} },
+	"KubeVirt":       func() any { return &kubevirtv1.KubeVirt{} },
+	"VirtualMachine": func() any { return &kubevirtv1.VirtualMachine{} },
 }
 
 // object is one YAML document of deploy/.
