@@ -53,3 +53,18 @@ func CheckProcClosed(t testing.TB, pid int) {
 		t.Errorf("as the test's root: %v", err)
 	}
 }
+
+// AsRootInOwnUserns makes cmd run as the attacker of DESIGN.md fact 25:
+// CaplessRoot's uid 0 that, before its first instruction of Go, made a
+// user namespace of its own, and so shows every capability in
+// /proc/PID/status while none holds outside that namespace. cmd must be a
+// binary that imports internal/ownuserns (which does the unshare); set
+// cmd.Env before calling.
+func AsRootInOwnUserns(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "NAPITAP_OWN_USERNS=1")
+	return AsCaplessRoot(t, cmd)
+}

@@ -254,10 +254,22 @@ type daemon struct {
 
 	store      *holderStore // nil without Config.FDStore
 	storeStart sync.Once
+
+	ss *seccompagent.Server // the seccomp socket's; nil without an agent
+	// stopping is done once stop begins: a takeover still in progress at
+	// its deadline is aborted.
+	stopping      context.Context
+	abortTakeover context.CancelFunc
 }
+
+// StopGrace bounds how long a stop waits for what peers hold open: a
+// takeover in progress (a napitapd's takes a few hundred ms) and a
+// seccomp socket sender that has not sent yet (runc sends at once).
+const StopGrace = 2 * time.Second
 
 func newDaemon(o Config, logger *slog.Logger) *daemon {
 	d := &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
+	d.stopping, d.abortTakeover = context.WithCancel(context.Background())
 	if o.FDStore != "" {
 		d.store = &holderStore{m: fdstore.NewMirror(o.FDStore, logger.With("fdstore", o.FDStore))}
 	}
@@ -452,12 +464,13 @@ func (d *daemon) serve() {
 			}
 		}
 		d.sDone = make(chan struct{})
-		go func(agent *seccompagent.Agent, l *net.UnixListener, done chan struct{}) {
+		d.ss = seccompagent.NewServer(d.agent, d.log, seccompagent.Limits{})
+		go func(ss *seccompagent.Server, l *net.UnixListener, done chan struct{}) {
 			defer close(done)
-			if err := seccompagent.NewServer(agent, d.log, seccompagent.Limits{}).Serve(l); err != nil {
+			if err := ss.Serve(l); err != nil {
 				d.log.Error("seccomp socket", "path", d.o.SeccompSocket, "err", err)
 			}
-		}(d.agent, d.sl, d.sDone)
+		}(d.ss, d.sl, d.sDone)
 	}
 	if d.agent == nil {
 		// No agent to serve them (--seccomp-socket turned off): the
@@ -479,7 +492,7 @@ func (d *daemon) serve() {
 	d.hDone = make(chan error, 1)
 	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(l) }(d.srv, d.hl, d.hDone)
 	go func(l *net.UnixListener) {
-		if err := takeover.Serve(l, d, d.log); err != nil {
+		if err := takeover.Serve(d.stopping, l, d, d.log); err != nil {
 			d.log.Error("takeover socket", "err", err)
 		}
 	}(d.tl)
@@ -588,7 +601,8 @@ func (d *daemon) Handed(files []takeover.File) {
 // napitapd takes everything from the holder. If the whole pod goes, the
 // holder goes with it and the kernel closes the files.
 func (d *daemon) stop() error {
-	d.mu.Lock()
+	deadline := time.Now().Add(StopGrace)
+	d.lockBy(deadline)
 	defer d.mu.Unlock()
 	select {
 	case <-d.handed:
@@ -607,6 +621,7 @@ func (d *daemon) stop() error {
 	err := <-d.hDone
 	d.srv.Close()
 	if d.sl != nil {
+		d.ss.CloseBy(deadline)
 		d.sl.Close()
 		<-d.sDone
 		d.agent.Close()
@@ -621,6 +636,27 @@ func (d *daemon) stop() error {
 	}
 	d.lock.Close()
 	return err
+}
+
+// lockBy takes d.mu, which a takeover in progress holds from Detach to
+// Handed or Resume: its outcome is awaited until deadline, and then it is
+// aborted (the old napitapd resumes, and stops).
+func (d *daemon) lockBy(deadline time.Time) {
+	locked := make(chan struct{})
+	go func() {
+		d.mu.Lock()
+		close(locked)
+	}()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-locked:
+		return
+	case <-timer.C:
+	}
+	d.log.Warn("stopping: aborting a takeover that did not finish in time", "grace", StopGrace)
+	d.abortTakeover()
+	<-locked
 }
 
 // dup is a close-on-exec copy of f's fd.

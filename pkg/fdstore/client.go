@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/pkg/unixsock"
+	"github.com/napitap/napitap/pkg/peer"
 )
 
 // Client is a connection to a holder. Its methods may be called
@@ -40,7 +40,7 @@ func Dial(path string) (*Client, error) {
 	}
 	// Only root can bind in a root-owned dir, but the pod's emptyDir is
 	// anyone's in the pod.
-	if cred, err := unixsock.PeerCred(conn); err != nil || cred.Uid != 0 {
+	if cred, err := peer.Cred(conn); err != nil || cred.Uid != 0 {
 		conn.Close()
 		return nil, fmt.Errorf("fdstore %s: the holder is not root (%+v, %v)", path, cred, err)
 	}

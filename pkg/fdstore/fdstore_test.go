@@ -24,6 +24,7 @@ import (
 
 	"github.com/napitap/napitap/internal/fdtest"
 	"github.com/napitap/napitap/internal/nstest"
+	_ "github.com/napitap/napitap/internal/ownuserns"
 	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -45,6 +46,25 @@ func TestHelperProcess(t *testing.T) {
 		return
 	}
 	err := func() error {
+		if mode == "raw-list" {
+			// Without the Client's own check of the holder: an attacker
+			// has no reason to run it.
+			conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: os.Getenv(socketEnv), Net: "unixpacket"})
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if err := send(conn, &message{Op: opList, Files: true}, nil); err != nil {
+				// It judges the peer before a word: it may have hung up.
+				return fmt.Errorf("the holder hung up: %v", err)
+			}
+			m, files, err := recv(conn, make([]byte, MaxMessage+1))
+			closeFiles(files)
+			if err != nil {
+				return fmt.Errorf("the holder hung up: %v", err)
+			}
+			return fmt.Errorf("the holder answered %q", m.Op)
+		}
 		c, err := Dial(os.Getenv(socketEnv))
 		if err != nil {
 			return fmt.Errorf("dial: %w", err)
@@ -406,12 +426,15 @@ func TestAHolderHangsUpOnAPeerThatIsNotRoot(t *testing.T) {
 		name         string
 		mode         os.FileMode // the socket's
 		capless      bool        // the peer is root without capabilities, not uid 65534
+		userns       bool        // capless, with every capability in a user namespace of its own
 		wantSaid     string
 		wantHungUpOn string // what the holder logs
+		wantWhy      string // and why, where it matters
 	}{
-		{"the socket's mode keeps out a peer that is not root", 0o600, false, "permission denied", ""},
-		{"the holder hangs up on a peer that is not root and gets in", 0o666, false, "the holder hung up", "not root"},
-		{"the holder hangs up on a root peer without napitapd's capabilities", 0o600, true, "the holder hung up", "not a napitapd"},
+		{"the socket's mode keeps out a peer that is not root", 0o600, false, false, "permission denied", "", ""},
+		{"the holder hangs up on a peer that is not root and gets in", 0o666, false, false, "the holder hung up", "not root", ""},
+		{"the holder hangs up on a root peer without napitapd's capabilities", 0o600, true, false, "the holder hung up", "not a napitapd", ""},
+		{"the holder hangs up on a root peer with every capability in a user namespace of its own", 0o600, false, true, "the holder hung up", "not a napitapd", "only in a user namespace of its own"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -420,20 +443,27 @@ func TestAHolderHangsUpOnAPeerThatIsNotRoot(t *testing.T) {
 			}
 			log.Reset()
 			cmd := exec.Command(bin, "-test.run=^TestHelperProcess$")
-			if tc.capless {
-				cmd = nstest.CaplessRoot(t, bin, "-test.run=^TestHelperProcess$")
-			} else {
+			mode := "list"
+			if tc.userns {
+				mode = "raw-list"
+			}
+			cmd.Env = append(os.Environ(), helperEnv+"="+mode, socketEnv+"="+path)
+			switch {
+			case tc.capless:
+				cmd = nstest.AsCaplessRoot(t, cmd)
+			case tc.userns:
+				cmd = nstest.AsRootInOwnUserns(t, cmd)
+			default:
 				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 			}
-			cmd.Env = append(os.Environ(), helperEnv+"=list", socketEnv+"="+path)
 			out, err := cmd.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), tc.wantSaid) {
 				t.Errorf("the peer got %q (%v), want %q", out, err, tc.wantSaid)
 			}
 			said := log.String()
 			hungUp := strings.Contains(said, "hung up on a peer")
-			if tc.wantHungUpOn == "" && hungUp || tc.wantHungUpOn != "" && !strings.Contains(said, "hung up on a peer that is "+tc.wantHungUpOn) {
-				t.Errorf("the holder's log, want it to have hung up saying %q (or not at all if empty):\n%s", tc.wantHungUpOn, said)
+			if tc.wantHungUpOn == "" && hungUp || tc.wantHungUpOn != "" && !strings.Contains(said, "hung up on a peer that is "+tc.wantHungUpOn) || !strings.Contains(said, tc.wantWhy) {
+				t.Errorf("the holder's log, want it to have hung up saying %q (or not at all if empty) because %q:\n%s", tc.wantHungUpOn, tc.wantWhy, said)
 			}
 			if got := names(list(t, dial(t, path), false)); !slices.Equal(got, []string{"p"}) {
 				t.Errorf("after, root lists %q, want p", got)

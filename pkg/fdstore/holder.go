@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/napitap/napitap/pkg/peerauth"
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -125,20 +125,21 @@ func (h *Holder) serveConn(c *net.UnixConn) {
 	}()
 	log := h.log
 	defer unixsock.LogPanic(log, "fdstore: panic serving a connection")
-	cred, err := unixsock.PeerCred(c)
+	p, err := peer.Connected(c)
 	if err != nil {
 		log.Warn("fdstore: hung up on a peer without credentials", "err", err)
 		return
 	}
-	log = log.With("peer_pid", cred.Pid)
-	if cred.Uid != 0 {
-		log.Warn("fdstore: hung up on a peer that is not root", "peer_uid", cred.Uid)
+	defer p.Close()
+	log = log.With("peer_pid", p.Pid)
+	if p.UID != 0 {
+		log.Warn("fdstore: hung up on a peer that is not root", "peer_uid", p.UID)
 		return
 	}
 	// The socket is in an emptyDir of this pod's, but a uid-0 process that
 	// reached it some other way (a dirfd taken through /proc while this
 	// process was still dumpable) is still no napitapd.
-	if err := peerauth.Connector(c); err != nil {
+	if err := p.Napitapd(); err != nil {
 		log.Warn("fdstore: hung up on a peer that is not a napitapd", "err", err)
 		return
 	}

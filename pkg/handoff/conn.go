@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/tapsetup"
-	"github.com/napitap/napitap/pkg/tunperm"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -115,101 +115,28 @@ func closeAll(files []*os.File) {
 	}
 }
 
-// peer is who is on the other end of a connection, as the kernel recorded
-// it at connect time: the caller cannot forge it.
-type peer struct {
-	*unix.Ucred
-	pidfd int // -1 where the kernel has no SO_PEERPIDFD (before 6.5)
-	// pidfdErr: SO_PEERPIDFD failed on a kernel that has it (EMFILE...).
-	// The pid cannot be confirmed then, so identify fails closed.
-	pidfdErr error
-}
-
-func peerCred(c *net.UnixConn) (*peer, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	p := &peer{pidfd: -1}
-	var credErr, pidfdErr error
-	if err := rc.Control(func(fd uintptr) {
-		p.Ucred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		p.pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
-	}); err != nil {
-		return nil, err
-	}
-	if pidfdErr != nil {
-		p.pidfd = -1
-		// Only a kernel without it may go on without it; any other failure
-		// (EMFILE included) leaves the pid unconfirmed. Root naming an
-		// attachment needs no pid, so only identify refuses.
-		if !errors.Is(pidfdErr, unix.ENOPROTOOPT) {
-			p.pidfdErr = fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr)
-		}
-	}
-	if credErr != nil {
-		p.close()
-		return nil, credErr
-	}
-	return p, nil
-}
-
-// errPeerGone: the peer exited, and its pid may already be another
-// process's.
-var errPeerGone = errors.New("the peer has exited")
-
 // identity is the peer's netns and its credentials as the kernel's tap
 // permission check sees them.
 type identity struct {
 	netnsID uint64
-	creds   tunperm.Creds
+	creds   peer.Creds
 }
 
-// identify reads the peer's netns and credentials through its pid, then
-// makes sure, with the pidfd, that the pid still is the peer's: a peer that
-// exited could otherwise lend its pid to a process in another pod's netns.
-// The pidfd is polled, not signalled: a signal needs kill permission over
-// the peer, which napitapd's capabilities (NET_ADMIN, SETGID, SETUID,
-// SYS_ADMIN, SYS_PTRACE) do not give over a non-root VMM.
-func (p *peer) identify() (*identity, error) {
-	if p.pidfdErr != nil {
-		return nil, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
-	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", p.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
-		return nil, errPeerGone
-	}
+// identify reads the peer's netns and credentials, confirmed to be the
+// peer's own (pkg/peer): a peer that exited could otherwise lend its pid to
+// a process in another pod's netns.
+func identify(p *peer.Process) (*identity, error) {
+	fd, err := p.OpenNetns()
 	if err != nil {
-		return nil, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
+		return nil, err
 	}
 	defer unix.Close(fd)
 	var id identity
 	if id.netnsID, err = tapsetup.NetnsIDOf(fd); err != nil {
 		return nil, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
 	}
-	if id.creds, err = tunperm.Of(int(p.Pid), fd); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, errPeerGone
-		}
-		return nil, fmt.Errorf("credentials of pid %d: %w", p.Pid, err)
-	}
-	if p.pidfd >= 0 {
-		// A pidfd polls readable once its process has exited.
-		fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		if err != nil {
-			return nil, fmt.Errorf("poll pidfd of pid %d: %w", p.Pid, err)
-		}
-		if n > 0 {
-			return nil, errPeerGone
-		}
+	if id.creds, err = p.Creds(fd); err != nil {
+		return nil, err
 	}
 	return &id, nil
-}
-
-func (p *peer) close() {
-	if p.pidfd >= 0 {
-		unix.Close(p.pidfd)
-		p.pidfd = -1
-	}
 }

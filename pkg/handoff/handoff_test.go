@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	_ "github.com/napitap/napitap/internal/ownuserns"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -1314,6 +1315,8 @@ func TestHelperProcess(t *testing.T) {
 
 type helperResult struct {
 	Uid, Gid    int
+	CapEff      uint64 // as its own /proc/self/status shows it
+	UserNS      string // its user namespace, as /proc/self/ns/user links it
 	NetnsID     uint64
 	Code        string // "" on success, the protocol code, or "error"
 	Err         string
@@ -1373,6 +1376,10 @@ func runHelper() int {
 		}
 	}
 	res.Uid, res.Gid = os.Getuid(), os.Getgid()
+	res.UserNS, _ = os.Readlink("/proc/self/ns/user")
+	if res.CapEff, err = capEff("/proc/self/status"); err != nil {
+		return fail("%v", err)
+	}
 
 	c := &handoff.Client{Socket: os.Getenv("NAPITAP_HELPER_SOCKET"), Timeout: 10 * time.Second}
 	var key *handoff.Key
@@ -1405,13 +1412,21 @@ func runHelper() int {
 		err = c.Release(*key)
 	case "gc":
 		res.Released, err = c.GC("net-a", nil)
-	case "register":
+	case "register", "register-own-tap":
 		var att handoff.Attachment
 		if jerr := json.Unmarshal([]byte(os.Getenv("NAPITAP_HELPER_ATTACHMENT")), &att); jerr != nil {
 			return fail("attachment: %v", jerr)
 		}
 		var files []*os.File
-		for range att.Queues {
+		if op == "register-own-tap" {
+			// The attack of issue 33: a tap of its own, in a netns of its
+			// own, registered under another pod's key and netns path.
+			var terr error
+			if files, terr = ownTap(att.TapName, att.Queues, tapsetup.OwnerAlias(att.ContainerID, att.IfName)); terr != nil {
+				return fail("a tap of its own: %v", terr)
+			}
+		}
+		for len(files) < att.Queues {
 			f, oerr := os.Open("/dev/null")
 			if oerr != nil {
 				return fail("%v", oerr)
@@ -1437,6 +1452,31 @@ func runHelper() int {
 	return 0
 }
 
+// capEff reads the CapEff line of a /proc status file.
+func capEff(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: no CapEff", path)
+}
+
+// ownTap makes a netns of the calling thread's own (the helper's last act
+// there) and a tap in it with the mark given, and returns its queues.
+func ownTap(name string, queues int, mark string) ([]*os.File, error) {
+	runtime.LockOSThread() // never unlocked: the thread ends with the helper
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return nil, fmt.Errorf("unshare netns: %w", err)
+	}
+	_, files, err := tapsetup.Create(tapsetup.Spec{Name: name, Queues: queues, Flags: queueFlags(queues), VnetHdrSize: 12, Alias: mark})
+	return files, err
+}
+
 type helperArgs struct {
 	netns    string // "" stays in the test's netns
 	uid, gid *int   // nil stays root
@@ -1445,6 +1485,9 @@ type helperArgs struct {
 	key      *handoff.Key
 	att      *handoff.Attachment
 	capless  bool // root without any capability (a pod's root); needs netns ""
+	// userns: capless, and then every capability in a user namespace of
+	// its own (DESIGN.md fact 25), as issue 33's attacker.
+	userns bool
 }
 
 func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
@@ -1452,12 +1495,14 @@ func runPeer(t testing.TB, socket string, a helperArgs) helperResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$")
-	if a.capless {
-		c := nstest.CaplessRoot(t, os.Args[0], "-test.run=^TestHelperProcess$")
-		cmd = exec.CommandContext(ctx, c.Path, c.Args[1:]...)
-	}
 	cmd.Env = append(os.Environ(), helperEnv+"=1",
 		"NAPITAP_HELPER_SOCKET="+socket, "NAPITAP_HELPER_NETNS="+a.netns, "NAPITAP_HELPER_OP="+a.op)
+	switch {
+	case a.userns:
+		cmd = nstest.AsRootInOwnUserns(t, cmd)
+	case a.capless:
+		cmd = nstest.AsCaplessRoot(t, cmd)
+	}
 	if a.uid != nil {
 		cmd.Env = append(cmd.Env, fmt.Sprintf("NAPITAP_HELPER_UID=%d", *a.uid), fmt.Sprintf("NAPITAP_HELPER_GID=%d", *a.gid),
 			"NAPITAP_HELPER_GROUPS="+strings.Trim(fmt.Sprint(a.groups), "[]"))

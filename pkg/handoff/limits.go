@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -99,7 +100,7 @@ func setBacklog(l *net.UnixListener, n int) error {
 // admit decides whether Serve serves conn, and counts it in; it closes a
 // connection it refuses at once.
 func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
-	cred, err := unixsock.PeerCred(conn)
+	cred, err := peer.Cred(conn)
 	if err != nil {
 		conn.Close()
 		if ok, n := s.conns.refusals.Allow(); ok {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/napitap/napitap/internal/nstest"
 	"github.com/napitap/napitap/pkg/handoff"
+	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // TestListPagesThroughManyAttachments: one response cannot carry the list
@@ -31,17 +32,20 @@ func TestListPagesThroughManyAttachments(t *testing.T) {
 	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
 	client := &handoff.Client{Socket: filepath.Join(dir, "napitapd.sock")}
 
-	const n = 300
+	// Intercept attachments, each of a marked tap of its own: napitapd
+	// checks the tap, and holds no fds.
+	const n = 3*handoff.ListPage + 10
+	pod := nstest.New(t, "handoff")
 	for i := range n {
-		f, err := os.Open(os.DevNull) // napitapd holds what it is given
-		if err != nil {
-			t.Fatal(err)
-		}
-		att := &handoff.Attachment{Key: handoff.Key{ContainerID: fmt.Sprintf("pod%03d", i), IfName: "net1"},
-			Network: "napitap-list", Netns: "/proc/self/ns/net", TapName: "tap1", Queues: 1, NAPI: true}
-		err = client.Register(att, []*os.File{f})
-		f.Close()
-		if err != nil {
+		key := handoff.Key{ContainerID: fmt.Sprintf("pod%03d", i), IfName: "net1"}
+		att := &handoff.Attachment{Key: key, Network: "napitap-list", Netns: pod.Path(),
+			TapName: fmt.Sprintf("napils%03d", i), Queues: 1, NAPI: true, Intercept: true}
+		pod.Run(t, func() error {
+			_, queues, err := tapsetup.Create(tapsetup.Spec{Name: att.TapName, Queues: 1, Flags: tapsetup.QueueFlags{NAPI: true}, Alias: tapsetup.OwnerAlias(key.ContainerID, key.IfName)})
+			tapsetup.CloseQueues(queues)
+			return err
+		})
+		if err := client.Register(att, nil); err != nil {
 			t.Fatalf("register %d: %v", i, err)
 		}
 	}

@@ -2,6 +2,7 @@ package handoff_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -165,6 +167,21 @@ func runDaemonHelper(socket, stateDir string) int {
 }
 
 // heldBy sums the fds napitapd holds, as root's list reports them.
+// overflowID is what an id that a user namespace does not map reads as
+// there (kernel/overflowuid, overflowgid).
+func overflowID(t testing.TB, kind string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/kernel/overflow" + kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func heldBy(t testing.TB, c *handoff.Client) int {
 	t.Helper()
 	n := 0
@@ -212,6 +229,8 @@ func TestAuthorization(t *testing.T) {
 		wantList  []string
 		keepsHeld bool // napitapd still holds the queues afterwards
 		capless   bool // root without any capability: a pod's root
+		userns    bool // capless, with every capability in a user namespace of its own
+		ownTap    bool // the register carries the queues of a tap of the peer's own
 	}{
 		{name: "the tap owner in the tap group in the pod netns gets the queues", where: inPod, uid: ptr(owner), gid: ptr(group), op: "fetch", wantFDs: queues},
 		{name: "the tap owner with the tap group as a supplementary group gets the queues", where: inPod, uid: ptr(owner), gid: ptr(stranger), groups: []int{group}, op: "fetch", wantFDs: queues},
@@ -231,6 +250,14 @@ func TestAuthorization(t *testing.T) {
 		{name: "a release by root without napitapd's capabilities (a pod's root) is denied", where: inHost, capless: true, op: "release", wantCode: handoff.CodeDenied, keepsHeld: true},
 		{name: "a gc by root without napitapd's capabilities is denied", where: inHost, capless: true, op: "gc", wantCode: handoff.CodeDenied, keepsHeld: true},
 		{name: "a register by root without napitapd's capabilities is denied and its fds are closed", where: inHost, capless: true, op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a release by root with every capability in a user namespace of its own is denied", where: inHost, userns: true, op: "release", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a gc by root with every capability in a user namespace of its own is denied", where: inHost, userns: true, op: "gc", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a register by root with every capability in a user namespace of its own is denied", where: inHost, userns: true, op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a register of a tap of its own under another pod's key and netns is denied", where: inHost, userns: true, ownTap: true, op: "register", wantCode: handoff.CodeDenied, keepsHeld: true},
+		{name: "a fetch by root without napitapd's capabilities outside the pod netns is told the key does not exist", where: inHost, capless: true, op: "fetch", wantCode: handoff.CodeNotFound, wantErr: "not-found: no attachment vm/net1", keepsHeld: true},
+		{name: "a fetch by root with every capability in a user namespace of its own is told the key does not exist", where: inHost, userns: true, op: "fetch", wantCode: handoff.CodeNotFound, wantErr: "not-found: no attachment vm/net1", keepsHeld: true},
+		{name: "a list by root without napitapd's capabilities outside the pod netns is empty", where: inHost, capless: true, op: "list", keepsHeld: true},
+		{name: "a list by root with every capability in a user namespace of its own is empty", where: inHost, userns: true, op: "list", keepsHeld: true},
 		{name: "a list by a non-root peer in another netns is empty", where: inOther, uid: ptr(owner), gid: ptr(group), op: "list", keepsHeld: true},
 		{name: "a list by a non-root peer in the pod netns shows that pod's attachment", where: inPod, uid: ptr(stranger), gid: ptr(stranger), op: "list", wantList: []string{key.String()}, keepsHeld: true},
 	}
@@ -246,7 +273,7 @@ func TestAuthorization(t *testing.T) {
 			register(t, root, att, newTap(t, pod, tap, queues, tapOwner, tapGroup))
 			t.Cleanup(func() { _ = root.Release(key) })
 
-			args := helperArgs{uid: tc.uid, gid: tc.gid, groups: tc.groups, op: tc.op, capless: tc.capless}
+			args := helperArgs{uid: tc.uid, gid: tc.gid, groups: tc.groups, op: tc.op, capless: tc.capless, userns: tc.userns}
 			var wantNetns uint64
 			switch tc.where {
 			case inPod:
@@ -268,6 +295,11 @@ func TestAuthorization(t *testing.T) {
 				args.key = nil
 				args.att = withOwner(attachmentFor(pod, handoff.Key{ContainerID: "forged", IfName: "net1"}, "net-a", tap, 2), owner, group)
 			}
+			if tc.ownTap {
+				// The victim's key and netns path; the attacker's own tap.
+				args.op = "register-own-tap"
+				args.att = withOwner(attachmentFor(pod, key, "net-a", "napihoevil", queues), owner, group)
+			}
 			before := d.settledFDs(t)
 			res := runPeer(t, d.socket, args)
 			t.Logf("peer: %+v", res)
@@ -276,6 +308,15 @@ func TestAuthorization(t *testing.T) {
 			wantUID, wantGID := 0, 0
 			if tc.uid != nil {
 				wantUID, wantGID = *tc.uid, *tc.gid
+			}
+			if tc.userns {
+				// Its uid 0 is unmapped in its namespace: it sees the
+				// overflow uid. It shows every capability there.
+				wantUID, wantGID = overflowID(t, "uid"), overflowID(t, "gid")
+				ours, _ := os.Readlink("/proc/self/ns/user")
+				if res.UserNS == ours || res.CapEff&daemonSetCapMask != daemonSetCapMask {
+					t.Fatalf("peer ran in %s with CapEff 0x%x, want every capability in a user namespace of its own", res.UserNS, res.CapEff)
+				}
 			}
 			if res.Uid != wantUID || res.Gid != wantGID || res.NetnsID != wantNetns {
 				t.Fatalf("peer ran as %d/%d in netns %d, want %d/%d in %d", res.Uid, res.Gid, res.NetnsID, wantUID, wantGID, wantNetns)
@@ -306,8 +347,12 @@ func TestAuthorization(t *testing.T) {
 			if n := heldBy(t, root); n != wantHeld {
 				t.Errorf("napitapd holds %d fds, want %d", n, wantHeld)
 			}
-			if _, ok := listed(t, root)[handoff.Key{ContainerID: "forged", IfName: "net1"}]; ok {
+			all := listed(t, root)
+			if _, ok := all[handoff.Key{ContainerID: "forged", IfName: "net1"}]; ok {
 				t.Errorf("a non-root register went through")
+			}
+			if tc.keepsHeld && (all[key].TapName != tap || all[key].Netns != pod.Path()) {
+				t.Errorf("napitapd records %s as %+v, want the pod's own tap %s in %s", key, all[key], tap, pod.Path())
 			}
 			// A peer that got the queues has exited: they are detached now.
 			if tc.wantFDs > 0 {
@@ -498,4 +543,119 @@ func TestNAPIFragsQueuesOnlyForAFetcherTheKernelWouldGiveThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestARegisterIsCheckedAgainstTheKernel: napitapd holds only queues it
+// has seen to be the attachment's: each fd a queue of the tap the register
+// names (TUNGETIFF), in the netns at the path it names (TUNGETDEVNETNS),
+// the tap marked as the key's; and a key is never replaced. A refused
+// register leaves napitapd as it was and its fds closed.
+func TestARegisterIsCheckedAgainstTheKernel(t *testing.T) {
+	nstest.RequireRoot(t)
+	d := newDaemon(t)
+	c := d.client()
+	const queues = 2
+	key := handoff.Key{ContainerID: "vmreg", IfName: "net1"}
+	cases := []struct {
+		name string
+		// send makes the queues the register carries; a tap's are named
+		// by its netns and name, for the check that they were closed.
+		send     func(t *testing.T, pod, other *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string)
+		unmarked bool
+		wantCode string
+		wantErr  string
+	}{
+		{name: "the queues of the marked tap in the named netns are held",
+			send: func(t *testing.T, pod, _ *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string) {
+				return newTap(t, pod, att.TapName, queues, nil, nil), pod, att.TapName
+			}},
+		{name: "fds that are not tun queues are refused", wantCode: handoff.CodeBadRequest, wantErr: "not /dev/net/tun",
+			send: func(t *testing.T, pod, _ *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string) {
+				newTap(t, pod, att.TapName, queues, nil, nil)
+				return devNull(t, queues), nil, ""
+			}},
+		{name: "the queues of a tap of that name in another netns are refused", wantCode: handoff.CodeBadRequest, wantErr: "in another netns",
+			send: func(t *testing.T, pod, other *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string) {
+				newTap(t, pod, att.TapName, queues, nil, nil)
+				return newTap(t, other, att.TapName, queues, nil, nil), other, att.TapName
+			}},
+		{name: "the queues of another tap than the one named are refused", wantCode: handoff.CodeBadRequest, wantErr: `a queue of "napiregy"`,
+			send: func(t *testing.T, pod, _ *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string) {
+				newTap(t, pod, att.TapName, queues, nil, nil)
+				return newTap(t, pod, "napiregy", queues, nil, nil), pod, "napiregy"
+			}},
+		{name: "a tap not marked as the attachment's is refused", unmarked: true, wantCode: handoff.CodeBadRequest, wantErr: "is not marked as the attachment's",
+			send: func(t *testing.T, pod, _ *nstest.NetNS, att *handoff.Attachment) ([]*os.File, *nstest.NetNS, string) {
+				return newTap(t, pod, att.TapName, queues, nil, nil), pod, att.TapName
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod, other := nstest.New(t, "handoff"), nstest.New(t, "handoff")
+			att := attachmentFor(pod, key, "net-reg", "napiregx", queues)
+			files, sentNS, sentTap := tc.send(t, pod, other, att)
+			if !tc.unmarked {
+				markTap(t, att)
+			}
+			err := c.Register(att, files)
+			tapsetup.CloseQueues(files)
+			t.Cleanup(func() { _ = c.Release(key) })
+			code := ""
+			var perr *handoff.Error
+			if errors.As(err, &perr) {
+				code = perr.Code
+			}
+			if code != tc.wantCode || (tc.wantErr != "") != (err != nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("Register: %v (code %q); want code %q saying %q", err, code, tc.wantCode, tc.wantErr)
+			}
+			_, registered := listed(t, c)[key]
+			if registered != (tc.wantCode == "") {
+				t.Errorf("registered: %v, want %v", registered, tc.wantCode == "")
+			}
+			if tc.wantCode == "" {
+				checkAttached(t, pod, att.TapName, queues)
+				return
+			}
+			// napitapd closed what it refused: nothing keeps a queue attached.
+			if sentNS != nil {
+				if n, _ := tapQueues(t, sentNS, sentTap); n != 0 {
+					t.Errorf("tap %s has %d queues attached after a refused register, want 0", sentTap, n)
+				}
+			}
+			if n := heldBy(t, c); n != 0 {
+				t.Errorf("napitapd holds %d fds after a refused register", n)
+			}
+		})
+	}
+
+	t.Run("a key already registered is refused and keeps its queues", func(t *testing.T) {
+		pod, other := nstest.New(t, "handoff"), nstest.New(t, "handoff")
+		first := attachmentFor(pod, key, "net-reg", "napiregx", queues)
+		register(t, c, first, newTap(t, pod, first.TapName, queues, nil, nil))
+		t.Cleanup(func() { _ = c.Release(key) })
+		second := attachmentFor(other, key, "net-reg", "napiregx", queues)
+		files := newTap(t, other, second.TapName, queues, nil, nil)
+		markTap(t, second)
+		err := c.Register(second, files)
+		tapsetup.CloseQueues(files)
+		if !handoff.IsCode(err, handoff.CodeExists) {
+			t.Fatalf("a second register of %s: %v, want %s", key, err, handoff.CodeExists)
+		}
+		if got := listed(t, c)[key]; got.Netns != pod.Path() || got.Held != queues {
+			t.Errorf("napitapd records %s as %+v, want the first register's %d queues in %s", key, got, queues, pod.Path())
+		}
+	})
+}
+
+func devNull(t testing.TB, n int) []*os.File {
+	t.Helper()
+	var files []*os.File
+	for range n {
+		f, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
 }

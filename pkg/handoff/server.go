@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -23,7 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/pkg/peerauth"
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/pkg/tunperm"
@@ -180,12 +179,12 @@ func (s *Server) Serve(l *net.UnixListener) error {
 func (s *Server) serveConn(conn *net.UnixConn) {
 	defer conn.Close()
 	defer unixsock.LogPanic(s.log, "panic serving a connection")
-	cred, err := peerCred(conn)
+	cred, err := peer.Connected(conn)
 	if err != nil {
 		s.log.Error("no peer credentials, closing", "err", err)
 		return
 	}
-	defer cred.close()
+	defer cred.Close()
 	for {
 		// A peer that keeps a connection open and says nothing holds a
 		// goroutine and an fd; let it go after a while.
@@ -212,7 +211,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		case resp.Error != nil && resp.Error.Code == CodeGone:
 			s.log.Info("a request whose caller has exited: not acted on", "pid", cred.Pid, "err", resp.Error.Message)
 		case resp.Error != nil:
-			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid, "code", resp.Error.Code, "err", resp.Error.Message)
+			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.UID, "gid", cred.GID, "code", resp.Error.Code, "err", resp.Error.Message)
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(sendTimeout))
 		err = sendMsg(conn, resp, out)
@@ -244,7 +243,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 // handle owns files: it keeps them (register) or closes them. It returns
 // the answer, the fds that go with it, and the queues a release let go,
 // which the caller closes once it has answered.
-func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response, out, closing []*os.File) {
+func (s *Server) handle(b []byte, files []*os.File, cred *peer.Process) (resp *Response, out, closing []*os.File) {
 	op := "malformed"
 	defer func() {
 		if s.Observe != nil {
@@ -266,14 +265,11 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response,
 		return &Response{Error: errorf(CodeBadRequest, "%s carries %d unexpected fds", req.Op, len(files))}, nil, nil
 	}
 	if req.Op != OpFetch && req.Op != OpList && req.Op != OpStatus {
-		// The plugin runs as the runtime does: root with every capability.
-		// A pod's root (uid 0, no capabilities) that reached the socket
-		// must not release or replace other pods' attachments.
-		err := fmt.Errorf("caller uid %d", cred.Uid)
-		if cred.Uid == 0 {
-			err = peerauth.Process(int(cred.Pid), cred.pidfd)
-		}
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		// A pod's root (uid 0, no capabilities, or all of them in a user
+		// namespace of its own) that reached the socket must not release
+		// or replace other pods' attachments.
+		err := napitapdsEqual(cred)
+		if errors.Is(err, peer.ErrGone) {
 			// A plugin that gave up (its ADD timed out while napitapd was
 			// down) left its request in the socket's backlog: no answer
 			// reaches it, and nothing is done for it.
@@ -282,7 +278,7 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer) (resp *Response,
 		}
 		if err != nil {
 			closeAll(files)
-			return &Response{Error: errorf(CodeDenied, "%s is for the napitap plugin (root with CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_SYS_PTRACE) only: %v", req.Op, err)}, nil, nil
+			return &Response{Error: errorf(CodeDenied, "%s is for the napitap plugin (root with CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_SYS_PTRACE in napitapd's user namespace) only: %v", req.Op, err)}, nil, nil
 		}
 	}
 	switch req.Op {
@@ -340,13 +336,30 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 			return errorf(CodeBadRequest, "attachment %s: tap %q is in netns %d and napitapd in %d: run napitapd in the node's netns (hostNetwork)", att.Key, att.TapName, att.TapNetnsID, nodeID)
 		}
 	}
+	if s.registered(att.Key) {
+		closeAll(files)
+		return errorf(CodeExists, "attachment %s is already registered", att.Key)
+	}
+	// Never the register's word for what napitapd will hold: its tap is in
+	// the netns at the path it names, marked as the key's, and every fd is
+	// a queue of that tap.
+	att.NetnsID, att.Held = id, len(files)
+	if err := s.checkTap(att); err != nil {
+		closeAll(files)
+		return errorf(CodeBadRequest, "%v", err)
+	}
+	for _, f := range files {
+		if err := isQueueOf(f, att); err != nil {
+			closeAll(files)
+			return errorf(CodeBadRequest, "%v", err)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.held[att.Key]; ok {
 		closeAll(files)
 		return errorf(CodeExists, "attachment %s is already registered", att.Key)
 	}
-	att.NetnsID, att.Held = id, len(files)
 	if err := s.writeState(att); err != nil {
 		closeAll(files)
 		return errorf(CodeInternal, "attachment %s: %v", att.Key, err)
@@ -357,23 +370,30 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 	return nil
 }
 
-func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
+func (s *Server) registered(key Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.held[key]
+	return ok
+}
+
+func (s *Server) fetch(key *Key, cred *peer.Process) (*Response, []*os.File) {
+	root := napitapdsEqual(cred) == nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var who *identity
 	identify := func() (perr *Error) {
 		var err error
-		if who, err = cred.identify(); err != nil {
+		if who, err = identify(cred); err != nil {
 			return identifyError(cred, err)
 		}
 		return nil
 	}
-	if cred.Uid != 0 || key == nil {
+	if !root || key == nil {
 		if perr := identify(); perr != nil {
 			return &Response{Error: perr}, nil
 		}
 	}
-	root := cred.Uid == 0
 	e, perr := s.find(key, who, root)
 	if perr != nil {
 		return &Response{Error: perr}, nil
@@ -430,7 +450,7 @@ func (s *Server) fetch(key *Key, cred *peer) (*Response, []*os.File) {
 	att := e.att
 	att.Held = 0
 	e.att.Held = 0
-	s.log.Info("handed off", "attachment", att.Key.String(), "queues", len(files), "pid", cred.Pid, "uid", cred.Uid)
+	s.log.Info("handed off", "attachment", att.Key.String(), "queues", len(files), "pid", cred.Pid, "uid", cred.UID)
 	return &Response{Attachment: &att}, files
 }
 
@@ -474,7 +494,7 @@ func (e *entry) doneSending() {
 }
 
 // find looks an attachment up by key, or by the caller's netns (who).
-// Root may name any attachment; anyone else finds only those in its own
+// napitapd's equal (root) may name any attachment; anyone else finds only those in its own
 // netns, and one it may not see is answered as one that does not exist, so
 // that a key cannot be probed from another pod.
 func (s *Server) find(key *Key, who *identity, root bool) (*entry, *Error) {
@@ -499,16 +519,27 @@ func (s *Server) find(key *Key, who *identity, root bool) (*entry, *Error) {
 	return nil, errorf(CodeBadRequest, "%d attachments in the caller's netns: name one", len(found))
 }
 
+// napitapdsEqual: the caller is root with napitapd's capabilities in
+// napitapd's user namespace (pkg/peer): the plugin, which runs as the
+// runtime does, or napitapctl beside napitapd. Only it registers, releases
+// and GCs, and names any attachment.
+func napitapdsEqual(cred *peer.Process) error {
+	if cred.UID != 0 {
+		return fmt.Errorf("caller uid %d", cred.UID)
+	}
+	return cred.Napitapd()
+}
+
 // identifyError: a peer that went away is refused; napitapd failing to
 // read a live peer is napitapd's failure, and says so.
-func identifyError(cred *peer, err error) *Error {
-	if errors.Is(err, errPeerGone) {
+func identifyError(cred *peer.Process, err error) *Error {
+	if errors.Is(err, peer.ErrGone) {
 		return errorf(CodeDenied, "pid %d: %v", cred.Pid, err)
 	}
 	return errorf(CodeInternal, "pid %d: %v", cred.Pid, err)
 }
 
-// authorize: root may fetch anything; anyone else only an attachment in
+// authorize: napitapd's equal (root) may fetch anything; anyone else only an attachment in
 // its own netns, and only if the kernel would let it attach the tap's
 // queues itself (tun_not_capable: owner AND group where both are set).
 func authorize(att *Attachment, who *identity, root bool) *Error {
@@ -601,10 +632,11 @@ func (s *Server) release(match func(*Attachment) bool) (n int, closing []*os.Fil
 	return n, closing
 }
 
-func (s *Server) list(cred *peer) []Attachment {
+func (s *Server) list(cred *peer.Process) []Attachment {
 	var netnsID uint64
-	if cred.Uid != 0 {
-		who, err := cred.identify()
+	root := napitapdsEqual(cred) == nil
+	if !root {
+		who, err := identify(cred)
 		if err != nil {
 			s.log.Warn("list: cannot identify the caller", "pid", cred.Pid, "err", err)
 			return nil
@@ -615,7 +647,7 @@ func (s *Server) list(cred *peer) []Attachment {
 	defer s.mu.Unlock()
 	var out []Attachment
 	for _, e := range s.held {
-		if cred.Uid == 0 || e.att.NetnsID == netnsID {
+		if root || e.att.NetnsID == netnsID {
 			att := e.att
 			att.Held = len(e.files)
 			out = append(out, att)
@@ -662,6 +694,35 @@ func (s *Server) Sweep() int {
 		}
 	}
 	return n
+}
+
+// checkTap: the attachment's tap is in its netns (the pod's, while the
+// path still holds the netns registered; the node's for a NodeTap) and
+// carries the attachment's mark.
+func (s *Server) checkTap(att *Attachment) error {
+	path := att.Netns
+	if att.NodeTap {
+		path = s.NodeNetns
+	}
+	where := func(ns.NetNS) error {
+		link, err := netlinksafe.LinkByName(att.TapName)
+		switch {
+		case err != nil:
+			return fmt.Errorf("attachment %s: tap %q in netns %s: %w", att.Key, att.TapName, path, err)
+		case !markedFor(link, att):
+			return fmt.Errorf("attachment %s: tap %q in netns %s is not marked as the attachment's (ifalias %q)", att.Key, att.TapName, path, link.Attrs().Alias)
+		}
+		return nil
+	}
+	if att.NodeTap {
+		return ns.WithNetNSPath(path, where)
+	}
+	netns := openSameNetns(att)
+	if netns == nil {
+		return fmt.Errorf("attachment %s: netns %s changed while it was registered", att.Key, att.Netns)
+	}
+	defer netns.Close()
+	return netns.Do(where)
 }
 
 // tapGone: the attachment's tap is not in the current netns, or not marked

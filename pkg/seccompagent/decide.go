@@ -9,9 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"github.com/napitap/napitap/pkg/threadcred"
-	"github.com/napitap/napitap/pkg/tunperm"
 )
 
 // verdict is the answer to one notification.
@@ -138,7 +138,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	// name went meanwhile, IFF_NAPI_FRAGS. The thread gets CAP_NET_ADMIN
 	// only if the caller has it over the tap's netns, which is all the
 	// kernel asks of it there.
-	c, err := tunperm.Of(tid, nsfd)
+	c, err := peer.Thread(tid, nsfd)
 	if err != nil {
 		return continueVerdict
 	}

@@ -16,7 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/pkg/tunperm"
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -72,6 +72,10 @@ type Server struct {
 	// drops spaces out the log lines about connections refused for the
 	// bound, so that a flood cannot flood the log too.
 	drops unixsock.Every
+
+	mu      sync.Mutex
+	open    map[*net.UnixConn]struct{}
+	closeBy time.Time // set by CloseBy
 }
 
 // Limits bound the connections a Server serves at once; zero fields take
@@ -92,7 +96,8 @@ func NewServer(agent *Agent, logger *slog.Logger, lim Limits) *Server {
 	lim.MaxConnsPerUID = max(1, min(lim.MaxConnsPerUID, lim.MaxConns/2))
 	return &Server{agent: agent, log: logger,
 		conns: unixsock.UIDQuota{Max: lim.MaxConns, MaxPerUID: lim.MaxConnsPerUID},
-		drops: unixsock.Every{Interval: time.Second}}
+		drops: unixsock.Every{Interval: time.Second},
+		open:  map[*net.UnixConn]struct{}{}}
 }
 
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
@@ -108,7 +113,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		s.log.Error("seccomp socket accept", "err", err, "retry_in", wait)
 	}, func(conn *net.UnixConn) {
-		cred, err := unixsock.PeerCred(conn)
+		cred, err := peer.Cred(conn)
 		if err != nil {
 			// Without a uid neither the connection nor its listener can
 			// be counted against one.
@@ -133,6 +138,42 @@ func (s *Server) Serve(l *net.UnixListener) error {
 	})
 }
 
+// CloseBy bounds every connection, those being read and any accepted
+// after, to deadline: napitapd is stopping, and a sender that holds its
+// connection open must not hold napitapd up (Serve waits for them all).
+func (s *Server) CloseBy(deadline time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeBy = deadline
+	for c := range s.open {
+		_ = c.SetDeadline(deadline)
+	}
+}
+
+// track counts conn open, with a read deadline of within from now, or
+// CloseBy's if that comes first.
+func (s *Server) track(conn *net.UnixConn, within time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open[conn] = struct{}{}
+	s.deadline(conn.SetReadDeadline, within)
+}
+
+func (s *Server) untrack(conn *net.UnixConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.open, conn)
+}
+
+// deadline sets one of conn's deadlines (call with s.mu held).
+func (s *Server) deadline(set func(time.Time) error, within time.Duration) {
+	t := time.Now().Add(within)
+	if !s.closeBy.IsZero() && s.closeBy.Before(t) {
+		t = s.closeBy
+	}
+	_ = set(t)
+}
+
 func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 	defer conn.Close()
 	defer unixsock.LogPanic(s.log, "seccomp socket: panic serving a sender", "pid", cred.Pid, "uid", cred.Uid)
@@ -140,7 +181,8 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 	if cred.Uid == 0 {
 		timeout = rootTimeout
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	s.track(conn, timeout)
+	defer s.untrack(conn)
 	peer := sender(cred)
 	b, fds, err := readMessage(conn)
 	if err == nil {
@@ -164,7 +206,9 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 		ack = "error: " + err.Error()
 	}
 	// runc hangs up without reading; napitapctl launch waits for this.
-	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+	s.mu.Lock()
+	s.deadline(conn.SetWriteDeadline, time.Second)
+	s.mu.Unlock()
 	_, _ = conn.Write([]byte(ack + "\n"))
 }
 
@@ -314,7 +358,7 @@ func clean(s string, n int) string {
 // CAP_SETGID.
 func CheckCapabilities(logger *slog.Logger) {
 	const setIDs = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
-	if c, err := tunperm.Read(os.Getpid()); err == nil && c.CapEff&setIDs != setIDs {
+	if c, err := peer.Own(); err == nil && c.CapEff&setIDs != setIDs {
 		logger.Error("seccomp agent: napitapd lacks CAP_SETUID or CAP_SETGID, without which it cannot attach a queue as the calling runtime: every TUNSETIFF is left to the kernel, without NAPI")
 	}
 }

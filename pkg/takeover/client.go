@@ -14,9 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/pkg/peerauth"
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/safefile"
-	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // Offer is everything the running napitapd handed over, not yet taken:
@@ -51,7 +50,7 @@ func Request(stateDir string) (*Offer, error) {
 
 func (o *Offer) request() error {
 	// Only root may bind in the state dir, but say so if anyone else did.
-	if cred, err := unixsock.PeerCred(o.conn); err != nil || cred.Uid != 0 {
+	if cred, err := peer.Cred(o.conn); err != nil || cred.Uid != 0 {
 		return fmt.Errorf("the peer is not root (%+v, %v)", cred, err)
 	}
 	_ = o.conn.SetDeadline(time.Now().Add(helloTimeout))
@@ -65,7 +64,12 @@ func (o *Offer) request() error {
 	// Only now, with the files on their way, is the other side's word
 	// worth checking: a process that is not a napitapd learns nothing
 	// from a hello, and gets nothing from this side.
-	if err := peerauth.Acceptor(o.conn, accept.Pid); err != nil {
+	p, err := peer.Accepting(o.conn, accept.Pid)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if err := p.Napitapd(); err != nil {
 		return err
 	}
 	o.From = accept.Build

@@ -1,17 +1,19 @@
 package takeover
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
 
-	"github.com/napitap/napitap/pkg/peerauth"
+	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
 
@@ -44,29 +46,59 @@ func Listen(stateDir string) (*net.UnixListener, error) {
 }
 
 // Serve answers takeover requests on l, one at a time, until l is closed
-// (as Detach does, the socket being one of the files handed over).
-func Serve(l *net.UnixListener, h Handler, log *slog.Logger) error {
+// (as Detach does, the socket being one of the files handed over). Once
+// abort is done, a takeover in progress fails at once (before go: the
+// Handler resumes) and any later one at its first word: napitapd is
+// stopping, whatever the new one does.
+func Serve(abort context.Context, l *net.UnixListener, h Handler, log *slog.Logger) error {
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		log.Error("takeover socket: accept failed, retrying", "err", err, "wait", wait)
-	}, func(c *net.UnixConn) { serveConn(l, c, h, log) })
+	}, func(c *net.UnixConn) { serveConn(abort, l, c, h, log) })
 }
 
-func serveConn(l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger) {
+// deadlines sets a connection's deadlines, all of them past once abort is
+// done.
+type deadlines struct {
+	mu      sync.Mutex
+	c       *net.UnixConn
+	aborted bool
+}
+
+func (d *deadlines) set(within time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.aborted {
+		_ = d.c.SetDeadline(time.Now().Add(within))
+	}
+}
+
+func (d *deadlines) abort() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.aborted = true
+	_ = d.c.SetDeadline(time.Unix(1, 0))
+}
+
+func serveConn(abort context.Context, l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger) {
 	defer c.Close()
 	defer unixsock.LogPanic(log, "takeover: panic serving a request")
-	cred, err := unixsock.PeerCred(c)
+	deadline := &deadlines{c: c}
+	defer context.AfterFunc(abort, deadline.abort)()
+	p, err := peer.Connected(c)
 	if err != nil {
 		log.Warn("takeover: refused a peer without credentials", "err", err)
 		return
 	}
-	log = log.With("peer_pid", cred.Pid, "peer_uid", cred.Uid)
-	if cred.Uid != 0 {
+	defer p.Close()
+	log = log.With("peer_pid", p.Pid, "peer_uid", p.UID)
+	if p.UID != 0 {
 		log.Warn("takeover: refused a peer that is not root")
 		return
 	}
-	// Before a word: a uid-0 process without napitapd's capabilities (a
-	// pod's root) gets nothing, and costs this napitapd no pause.
-	if err := peerauth.Connector(c); err != nil {
+	// Before a word: a uid-0 process without napitapd's capabilities in
+	// napitapd's user namespace (a pod's root) gets nothing, and costs
+	// this napitapd no pause.
+	if err := p.Napitapd(); err != nil {
 		log.Warn("takeover: refused a peer that is not a napitapd", "err", err)
 		return
 	}
@@ -74,7 +106,7 @@ func serveConn(l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger
 		log.Warn("takeover: refused by a fault hook (a test build)", "err", err)
 		return
 	}
-	_ = c.SetDeadline(time.Now().Add(helloTimeout))
+	deadline.set(helloTimeout)
 	hello, _, err := recv(c, opHello)
 	if err != nil {
 		log.Warn("takeover: no hello", "err", err)
@@ -100,7 +132,7 @@ func serveConn(l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger
 			h.Resume(files)
 		}
 	}()
-	_ = c.SetDeadline(time.Now().Add(readyTimeout))
+	deadline.set(readyTimeout)
 	if err := sendFiles(c, files); err != nil {
 		log.Error("takeover: send", "err", err)
 		return

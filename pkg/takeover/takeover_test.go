@@ -20,9 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	_ "github.com/napitap/napitap/internal/ownuserns"
 	"github.com/napitap/napitap/pkg/buildinfo"
 	"github.com/napitap/napitap/pkg/handoff"
-	"github.com/napitap/napitap/pkg/peerauth"
+	"github.com/napitap/napitap/pkg/peer"
 )
 
 // dialEnv makes the re-executed test binary send a hello to the takeover
@@ -122,7 +123,7 @@ func serveFake(t *testing.T, n int, more func(stateDir string) []File) (string, 
 	}
 	var log bytes.Buffer
 	done := make(chan struct{})
-	go func() { _ = Serve(l, d, slog.New(slog.NewTextHandler(&log, nil))); close(done) }()
+	go func() { _ = Serve(context.Background(), l, d, slog.New(slog.NewTextHandler(&log, nil))); close(done) }()
 	t.Cleanup(func() { l.Close(); <-done })
 	return stateDir, d, &log
 }
@@ -198,6 +199,7 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 		{"a hello that is not a hello is refused", []byte(`{"version":1,"op":"ready"}`), 0, "no hello", `got "ready"`},
 		{"a peer that is not root is refused", nil, 65534, "refused a peer that is not root", ""},
 		{"a root peer without napitapd's capabilities is refused before a word", nil, capless, "refused a peer that is not a napitapd", ""},
+		{"a root peer with every capability in a user namespace of its own is refused before a word", nil, inOwnUserns, "only in a user namespace of its own", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,12 +221,15 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 					t.Fatalf("copy the test binary: %v", err)
 				}
 				cmd := exec.Command(bin, "-test.run=^$")
-				if tc.as == capless {
-					cmd = nstest.CaplessRoot(t, bin, "-test.run=^$")
-				} else {
+				cmd.Env = append(os.Environ(), dialEnv+"="+Socket(stateDir))
+				switch tc.as {
+				case capless:
+					cmd = nstest.AsCaplessRoot(t, cmd)
+				case inOwnUserns:
+					cmd = nstest.AsRootInOwnUserns(t, cmd)
+				default:
 					cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: tc.as, Gid: tc.as}}
 				}
-				cmd.Env = append(os.Environ(), dialEnv+"="+Socket(stateDir))
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("helper: %v: %s", err, out)
@@ -261,8 +266,12 @@ func TestARequestTheOldOneCannotServeStopsNothing(t *testing.T) {
 }
 
 // capless, as a uid in TestARequestTheOldOneCannotServeStopsNothing, is
-// root without any capability: a pod's root.
-const capless = ^uint32(0)
+// root without any capability: a pod's root. inOwnUserns is capless root
+// with every capability in a user namespace of its own (DESIGN.md fact 25).
+const (
+	capless     = ^uint32(0)
+	inOwnUserns = ^uint32(1)
+)
 
 // TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd: whatever answers
 // on the takeover socket must be a napitapd holding the other end of the
@@ -274,12 +283,14 @@ func TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd(t *testing.T) {
 	tests := []struct {
 		name    string
 		capless bool
+		userns  bool   // capless, with every capability in a user namespace of its own
 		claim   string // the pid the impostor says it is
 		want    string
 	}{
-		{"a root impostor without napitapd's capabilities", true, "", "lacks capabilities"},
-		{"an impostor that names a real napitapd's pid", true, fmt.Sprint(os.Getpid()), "does not hold the other end"},
-		{"a root impostor with every capability but naming pid 1", false, "1", "does not hold the other end"},
+		{"a root impostor without napitapd's capabilities", true, false, "", "lacks capabilities"},
+		{"a root impostor with every capability in a user namespace of its own", false, true, "", "only in a user namespace of its own"},
+		{"an impostor that names a real napitapd's pid", true, false, fmt.Sprint(os.Getpid()), "does not hold the other end"},
+		{"a root impostor with every capability but naming pid 1", false, false, "1", "does not hold the other end"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -288,10 +299,13 @@ func TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd(t *testing.T) {
 				t.Fatal(err)
 			}
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			if tc.capless {
-				cmd = nstest.CaplessRoot(t, os.Args[0], "-test.run=^$")
-			}
 			cmd.Env = append(os.Environ(), fakeServerEnv+"="+Socket(stateDir), fakeClaimEnv+"="+tc.claim)
+			switch {
+			case tc.capless:
+				cmd = nstest.AsCaplessRoot(t, cmd)
+			case tc.userns:
+				cmd = nstest.AsRootInOwnUserns(t, cmd)
+			}
 			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
@@ -308,7 +322,7 @@ func TestANapitapdTakesNothingFromAPeerThatIsNotANapitapd(t *testing.T) {
 				CloseAll(o.Files)
 				t.Fatalf("took %d files from an impostor", len(o.Files))
 			}
-			if !errors.Is(err, peerauth.ErrNotNapitapd) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, peer.ErrNotNapitapd) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Request: %v; want a refusal saying %q", err, tc.want)
 			}
 		})

@@ -13,8 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/napitap/napitap/pkg/safefile"
 )
 
@@ -45,23 +43,6 @@ func Listen(network, path string, mode os.FileMode, gid int) (*net.UnixListener,
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	return l, nil
-}
-
-// PeerCred is what the kernel recorded about the peer at connect time; the
-// peer cannot forge it, and unlike a pidfd it costs no fd.
-func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, credErr
 }
 
 // Every lets one event through per Interval and counts the others: for log

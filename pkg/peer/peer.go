@@ -1,0 +1,253 @@
+// Package peer is napitapd's one judge of who a process is and what it may
+// do: the peer of the hand-off socket, of the takeover, of the fd holder and
+// of the seccomp socket, and the thread a seccomp notification names.
+//
+// What it knows comes from the kernel, never from the peer's word. The side
+// that accepted a connection asks the kernel for the connecting process
+// (SO_PEERCRED and, since Linux 6.5, SO_PEERPIDFD). The side that connected
+// cannot ask that way: the kernel's record of a listening socket is its
+// first creator's, and napitapd's sockets move from one napitapd to the
+// next. It takes the pid the other side claims, and checks with the kernel
+// that this process holds the other end of the connection (sock_diag's
+// UNIX_DIAG_PEER and /proc/PID/fd).
+//
+// A capability counts only where it holds. A uid-0 process that made a user
+// namespace of its own shows every capability in /proc/PID/status
+// (DESIGN.md fact 25), and none of them holds over napitapd's objects,
+// which the initial user namespace owns. Every capability check here
+// follows the kernel's cap_capable from the user namespace that owns the
+// object up to the process's own.
+package peer
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"golang.org/x/sys/unix"
+)
+
+// Required are the capabilities that make napitapd what it is (the
+// DaemonSet's, but SETUID and SETGID, without which napitapd still runs),
+// in napitapd's user namespace: a process that has them there is as good
+// as root on the node already.
+const Required = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_PTRACE
+
+// ErrNotNapitapd is wrapped by every refusal of a peer as napitapd's equal.
+var ErrNotNapitapd = errors.New("the peer is not root with napitapd's capabilities")
+
+// ErrGone: the process exited, and its pid may already be another
+// process's.
+var ErrGone = errors.New("the peer has exited")
+
+// Process is a peer, pinned by a pidfd where the kernel gives one.
+type Process struct {
+	Pid      int
+	UID, GID uint32 // the kernel's record at connect time (SO_PEERCRED); Connected only
+	pidfd    int    // -1: before Linux 6.5, none; see pidfdErr
+	// pidfdErr: the kernel has SO_PEERPIDFD but it failed (EMFILE...):
+	// the pid cannot be confirmed, and every question about the process
+	// fails closed. Its uid still stands.
+	pidfdErr error
+}
+
+// Cred is what the kernel recorded about the process that connected to c
+// at connect time (SO_PEERCRED): enough to count connections by uid, and,
+// unlike Connected, it costs no fd.
+func Cred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if credErr != nil {
+		return nil, fmt.Errorf("SO_PEERCRED: %w", credErr)
+	}
+	return cred, nil
+}
+
+// Connected is the process that connected to c, which this side accepted.
+// Close it when done.
+func Connected(c *net.UnixConn) (*Process, error) {
+	cred, err := Cred(c)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var pidfdErr error
+	p := &Process{pidfd: -1}
+	if err := rc.Control(func(fd uintptr) {
+		p.pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return nil, err
+	}
+	if pidfdErr != nil {
+		p.pidfd = -1
+	}
+	p.Pid, p.UID, p.GID = int(cred.Pid), cred.Uid, cred.Gid
+	switch {
+	case p.Pid == 0:
+		// A peer in another pid namespace, which napitapd cannot see.
+		p.pidfdErr = errors.New("it is outside this pid namespace")
+	case errors.Is(pidfdErr, unix.ENOPROTOOPT):
+		// Before Linux 6.5: the pid, which the peer may have left for
+		// another process by now; every check then judges that one, and
+		// the pidfd confirms it stayed the same while it was judged.
+		if p.pidfd, err = unix.PidfdOpen(p.Pid, 0); err != nil {
+			p.pidfd, p.pidfdErr = -1, goneOr(fmt.Errorf("pidfd_open: %w", err))
+		}
+	case pidfdErr != nil:
+		p.pidfdErr = fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr)
+	}
+	return p, nil
+}
+
+// Accepting is the process pid, which says it accepted c (this side
+// connected): it must hold the other end of c. Close it when done.
+func Accepting(c *net.UnixConn, pid int) (*Process, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("%w: it names no pid", ErrNotNapitapd)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pid %d: %w", ErrNotNapitapd, pid, goneOr(err))
+	}
+	p := &Process{Pid: pid, pidfd: pidfd}
+	if err := p.holdsOtherEnd(c); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close lets go of the pidfd.
+func (p *Process) Close() {
+	if p.pidfd >= 0 {
+		unix.Close(p.pidfd)
+		p.pidfd = -1
+	}
+}
+
+// String names the process in logs and errors.
+func (p *Process) String() string { return fmt.Sprintf("pid %d uid %d", p.Pid, p.UID) }
+
+// Creds are p's credentials now, with NetAdmin over the netns netnsFD (-1:
+// none asked), confirmed to be the peer's own: ErrGone once it exited.
+func (p *Process) Creds(netnsFD int) (Creds, error) {
+	c, err := p.read(netnsFD)
+	if err != nil {
+		return c, fmt.Errorf("credentials of pid %d: %w", p.Pid, err)
+	}
+	return c, nil
+}
+
+func (p *Process) read(netnsFD int) (Creds, error) {
+	if p.pidfdErr != nil {
+		return Creds{}, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
+	}
+	userNS, err := p.namespace(pidfdGetUserNamespace, "user")
+	if err != nil {
+		return Creds{}, err
+	}
+	defer unix.Close(userNS)
+	c, err := readCreds(p.Pid, userNS, netnsFD)
+	if err != nil {
+		return c, goneOr(err)
+	}
+	return c, p.alive()
+}
+
+// Napitapd: p is napitapd's equal, root with Required in napitapd's user
+// namespace, and was so while it was read. Every refusal wraps
+// ErrNotNapitapd, and ErrGone where the peer exited.
+func (p *Process) Napitapd() error {
+	c, err := p.read(-1)
+	if err != nil {
+		return fmt.Errorf("%w: credentials of pid %d: %w", ErrNotNapitapd, p.Pid, err)
+	}
+	if c.EUID != 0 {
+		return fmt.Errorf("%w: pid %d runs as uid %d, not root", ErrNotNapitapd, p.Pid, c.EUID)
+	}
+	if c.napitapdCaps&Required != Required {
+		if c.CapEff&Required == Required {
+			return fmt.Errorf("%w: pid %d has napitapd's capabilities only in a user namespace of its own (%s), not in napitapd's", ErrNotNapitapd, p.Pid, c.userNS)
+		}
+		return fmt.Errorf("%w: pid %d lacks capabilities 0x%x of napitapd's 0x%x (it has 0x%x)", ErrNotNapitapd, p.Pid, Required&^c.CapEff, uint64(Required), c.CapEff)
+	}
+	return nil
+}
+
+// OpenNetns opens p's network namespace; the caller closes it. Through the
+// pidfd where the kernel can (6.11): the netns of that very process.
+func (p *Process) OpenNetns() (int, error) {
+	if p.pidfdErr != nil {
+		return -1, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
+	}
+	fd, err := p.namespace(pidfdGetNetNamespace, "net")
+	if err != nil {
+		return -1, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
+	}
+	return fd, nil
+}
+
+// namespace opens one of p's namespaces: through the pidfd (Linux 6.11's
+// PIDFD_GET_*_NAMESPACE), else through /proc/PID/ns, which alive confirms
+// afterwards.
+func (p *Process) namespace(ioctl uint, name string) (int, error) {
+	if p.pidfd >= 0 {
+		fd, err := unix.IoctlRetInt(p.pidfd, ioctl)
+		if err == nil {
+			return fd, nil
+		}
+		if !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
+			return -1, goneOr(err)
+		}
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", p.Pid, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, goneOr(err)
+	}
+	return fd, nil
+}
+
+// alive: the pidfd's process has not exited, so the pid read before this
+// was still its own. A pidfd polls readable once its process has exited;
+// it is polled, not signalled: a signal needs kill permission over the
+// peer, which napitapd's capabilities do not give over a non-root VMM.
+func (p *Process) alive() error {
+	if p.pidfd < 0 {
+		return nil
+	}
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	if err != nil {
+		return fmt.Errorf("poll pidfd of pid %d: %w", p.Pid, err)
+	}
+	if n > 0 {
+		return ErrGone
+	}
+	return nil
+}
+
+// goneOr marks err as ErrGone where it says the process is no more.
+func goneOr(err error) error {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("%w: %w", ErrGone, err)
+	}
+	return err
+}
+
+// include/uapi/linux/pidfd.h (Linux 6.11): _IO(PIDFS_IOCTL_MAGIC, n).
+const (
+	pidfdGetNetNamespace  = 0xff<<8 | 4
+	pidfdGetUserNamespace = 0xff<<8 | 9
+)

@@ -1,0 +1,264 @@
+package peer
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/internal/nstest"
+	_ "github.com/napitap/napitap/internal/ownuserns"
+)
+
+const helperEnv = "NAPITAP_PEER_HELPER"
+
+// TestHelperProcess is the other end of a connection: it dials the socket
+// given (or listens on it and accepts one), says its pid, and holds the
+// connection until stdin closes.
+func TestHelperProcess(t *testing.T) {
+	mode := os.Getenv(helperEnv)
+	if mode == "" {
+		t.Skip("a helper process")
+	}
+	path := os.Getenv("NAPITAP_PEER_SOCKET")
+	var c net.Conn
+	var err error
+	if mode == "listen" {
+		var l *net.UnixListener
+		if l, err = net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"}); err == nil {
+			fmt.Println(os.Getpid())
+			if c, err = l.Accept(); err == nil {
+				fmt.Println("accepted")
+			}
+		}
+	} else {
+		c, err = net.Dial("unix", path)
+		fmt.Println(os.Getpid())
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	defer c.Close()
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	os.Exit(0)
+}
+
+type who int
+
+const (
+	rootWithCaps who = iota
+	caplessRoot
+	rootInOwnUserns
+)
+
+// startPeer runs the helper as w, dialing path (or listening on it), and
+// returns its pid once it has connected (or listens), with a function that
+// waits for a listening helper's accept.
+func startPeer(t *testing.T, w who, mode, path string) (int, func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "NAPITAP_PEER_SOCKET="+path)
+	switch w {
+	case caplessRoot:
+		cmd = nstest.AsCaplessRoot(t, cmd)
+	case rootInOwnUserns:
+		cmd = nstest.AsRootInOwnUserns(t, cmd)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	out := bufio.NewReader(stdout)
+	var pid int
+	if _, err := fmt.Fscanln(out, &pid); err != nil {
+		t.Fatalf("helper's pid: %v", err)
+	}
+	return pid, func() {
+		if line, err := out.ReadString('\n'); line != "accepted\n" {
+			t.Fatalf("helper did not accept: %q %v", line, err)
+		}
+	}
+}
+
+// checkAttacker: the process is what fact 25 says: every capability shown,
+// in a user namespace that is not this test's.
+func checkAttacker(t *testing.T, pid int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseStatus(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+	ours, _ := os.Readlink("/proc/self/ns/user")
+	if c.EUID != 0 || c.CapEff&Required != Required || theirs == ours {
+		t.Fatalf("the attacker runs as uid %d with CapEff 0x%x in %s (the test in %s): not root with every capability in a user namespace of its own", c.EUID, c.CapEff, theirs, ours)
+	}
+}
+
+func TestOnlyRootWithNapitapdsCapabilitiesInNapitapdsUserNamespaceIsNapitapd(t *testing.T) {
+	nstest.RequireRoot(t)
+	cases := []struct {
+		name string
+		who  who
+		want string // "" for napitapd's equal, else the refusal's words
+	}{
+		{"root with every capability is napitapd's equal", rootWithCaps, ""},
+		{"root without capabilities (a pod's root) is not", caplessRoot, "lacks capabilities"},
+		{"root with every capability in a user namespace of its own is not", rootInOwnUserns, "only in a user namespace of its own"},
+	}
+	for _, side := range []string{"connected", "accepting"} {
+		for _, tc := range cases {
+			t.Run(side+"/"+tc.name, func(t *testing.T) {
+				dir := t.TempDir()
+				if err := os.Chmod(dir, 0o777); err != nil {
+					t.Fatal(err)
+				}
+				path := filepath.Join(dir, "s")
+				var p *Process
+				var pid int
+				if side == "connected" {
+					l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer l.Close()
+					if err := os.Chmod(path, 0o777); err != nil {
+						t.Fatal(err)
+					}
+					pid, _ = startPeer(t, tc.who, "dial", path)
+					c, err := l.AcceptUnix()
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					if p, err = Connected(c); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					var accepted func()
+					pid, accepted = startPeer(t, tc.who, "listen", path)
+					c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					accepted()
+					if p, err = Accepting(c, pid); err != nil {
+						t.Fatal(err)
+					}
+				}
+				defer p.Close()
+				if tc.who == rootInOwnUserns {
+					checkAttacker(t, pid)
+				}
+				err := p.Napitapd()
+				switch {
+				case tc.want == "" && err != nil:
+					t.Errorf("refused: %v", err)
+				case tc.want != "" && (!errors.Is(err, ErrNotNapitapd) || !strings.Contains(err.Error(), tc.want)):
+					t.Errorf("Napitapd() = %v; want a refusal saying %q", err, tc.want)
+				}
+			})
+		}
+	}
+}
+
+func TestAProcessThatDoesNotHoldTheOtherEndIsNotAccepted(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s")
+	_, accepted := startPeer(t, rootWithCaps, "listen", path)
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	accepted()
+	// This test's own pid, a root with every capability, holds this end,
+	// not the other.
+	if p, err := Accepting(c, os.Getpid()); err == nil || !errors.Is(err, ErrNotNapitapd) {
+		if p != nil {
+			p.Close()
+		}
+		t.Errorf("Accepting named the wrong process: %v", err)
+	}
+}
+
+func TestAPeerThatExitedIsGone(t *testing.T) {
+	nstest.RequireRoot(t)
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Process{Pid: cmd.Process.Pid, pidfd: pidfd}
+	defer p.Close()
+	if _, err := p.Creds(-1); err != nil {
+		t.Fatalf("a live process: %v", err)
+	}
+	_ = cmd.Process.Kill()
+	// Exited, not yet reaped: its pid is still its own, and the pidfd tells.
+	time.Sleep(100 * time.Millisecond)
+	if _, err := p.Creds(-1); !errors.Is(err, ErrGone) {
+		t.Errorf("an exited process: %v, want ErrGone", err)
+	}
+	_ = cmd.Wait()
+}
+
+func TestRootInTheInitialUserNamespaceHoldsNetAdminOverItsNetns(t *testing.T) {
+	nstest.RequireRoot(t)
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	c, err := Thread(unix.Gettid(), fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EUID != 0 || !c.NetAdmin || !c.InitNetAdmin {
+		t.Errorf("root in the initial user namespace reads as %+v", c)
+	}
+}
+
+func TestParseStatus(t *testing.T) {
+	status := "Name:\tqemu\nUid:\t107\t107\t107\t107\nGid:\t1\t108\t108\t108\nGroups:\t36 108 \nCapEff:\t0000000000001000\n"
+	c, err := parseStatus([]byte(status))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EUID != 107 || c.EGID != 108 || len(c.Groups) != 2 || c.Groups[1] != 108 || c.CapEff != 1<<unix.CAP_NET_ADMIN {
+		t.Errorf("parsed %+v", c)
+	}
+	if _, err := parseStatus([]byte("Name:\tx\n")); err == nil {
+		t.Error("a status without Uid, Gid and CapEff parsed")
+	}
+}
