@@ -11,8 +11,10 @@
 #                       e2e), crun (the CRI e2e's second OCI runtime, CRI-O's
 #                       and OpenShift's), libvirtd with its QEMU driver, virsh and
 #                       xmllint (the libvirt e2e runs a libvirtd of its own;
-#                       no service is set up on the node), and an image
-#                       builder (deploy/test builds the image)
+#                       no service is set up on the node), an image
+#                       builder (deploy/test builds the image), and gcc
+#                       (cgo: the tests' attacker unshares its user
+#                       namespace before Go starts, internal/ownuserns)
 #   hack/deps.sh image  an image builder for make image: docker with an engine
 #                       behind it, podman or buildah; where none works, Debian's
 #                       buildah (a docker client alone is no builder)
@@ -64,6 +66,7 @@ test)
 	need_pkg libvirt-daemon-driver-qemu "libvirt's QEMU driver"
 	need_cmd virsh libvirt-clients
 	need_cmd xmllint libxml2-utils
+	need_cmd gcc gcc
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
