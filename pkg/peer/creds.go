@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -64,12 +65,11 @@ func readCreds(pid, userNS, netnsFD int) (Creds, error) {
 	if c.userNS, err = idOf(userNS); err != nil {
 		return c, fmt.Errorf("user namespace of pid %d: %w", pid, err)
 	}
-	own, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	own, err := ownUserNS()
 	if err != nil {
 		return c, fmt.Errorf("napitapd's user namespace: %w", err)
 	}
-	defer unix.Close(own)
-	if c.napitapdCaps, err = c.capsOver(own); err != nil {
+	if c.napitapdCaps, err = c.capsOver(own.fd); err != nil {
 		return c, err
 	}
 	c.InitNetAdmin = c.napitapdCaps&(1<<unix.CAP_NET_ADMIN) != 0
@@ -94,11 +94,12 @@ func readCreds(pid, userNS, netnsFD int) (Creds, error) {
 // c's namespace that c's euid owns, c has every capability; a namespace
 // that is not c's own or below it gives c nothing. target is not closed.
 func (c *Creds) capsOver(target int) (uint64, error) {
-	cur, err := unix.Dup(target)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { unix.Close(cur) }()
+	cur := target
+	defer func() {
+		if cur != target {
+			unix.Close(cur)
+		}
+	}()
 	for {
 		id, err := idOf(cur)
 		if err != nil {
@@ -126,12 +127,30 @@ func (c *Creds) capsOver(target int) (uint64, error) {
 			}
 			return c.CapEff, nil
 		}
-		unix.Close(cur)
+		if cur != target {
+			unix.Close(cur)
+		}
 		cur = parent
 		if err != nil {
 			return 0, err
 		}
 	}
+}
+
+// ownUserNS is napitapd's user namespace, which it never leaves: opened
+// once, and kept open for the process's life.
+var ownUserNS = sync.OnceValues(func() (namespace, error) {
+	fd, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return namespace{fd: -1}, err
+	}
+	id, err := idOf(fd)
+	return namespace{fd: fd, id: id}, err
+})
+
+type namespace struct {
+	fd int
+	id nsID
 }
 
 // nsID names a namespace: nsfs's device and inode.

@@ -262,3 +262,81 @@ func TestParseStatus(t *testing.T) {
 		t.Error("a status without Uid, Gid and CapEff parsed")
 	}
 }
+
+// TestCapabilitiesHoldWhereTheKernelSaysTheyDo: NetAdmin over a netns owned
+// by a user namespace uid 1000 made follows the kernel's cap_capable: that
+// namespace's owner has every capability in it, root in the parent has its
+// own, another uid none; and no process of a user namespace of its own has
+// CAP_NET_ADMIN over the node's netns or in napitapd's user namespace.
+func TestCapabilitiesHoldWhereTheKernelSaysTheyDo(t *testing.T) {
+	nstest.RequireRoot(t)
+	// sleep starts cmd and returns its pid once it runs sleep (setpriv and
+	// unshare have done their work).
+	sleep := func(t *testing.T, cmd *exec.Cmd) int {
+		t.Helper()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)); string(comm) == "sleep\n" || string(comm) == "unshare\n" {
+				return cmd.Process.Pid
+			}
+		}
+		t.Fatalf("%v never ran", cmd.Args)
+		return 0
+	}
+	asUID := func(uid string, args ...string) *exec.Cmd {
+		return exec.Command("setpriv", append([]string{"--reuid", uid, "--regid", uid, "--clear-groups", "--"}, args...)...)
+	}
+	// unshare forks: the sleep whose netns is the child's is unshare's child.
+	owner := sleep(t, asUID("1000", "unshare", "--user", "--net", "--fork", "sleep", "60"))
+	var childNS string
+	for deadline := time.Now().Add(5 * time.Second); childNS == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", owner, owner))
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			childNS = "/proc/" + f[0] + "/ns/net"
+		}
+	}
+	if childNS == "" {
+		t.Fatal("unshare's child never started")
+	}
+	uid1000 := sleep(t, asUID("1000", "sleep", "60"))
+	uid2000 := sleep(t, asUID("2000", "sleep", "60"))
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	attacker, _ := startPeer(t, rootInOwnUserns, "dial", path)
+	checkAttacker(t, attacker)
+	cases := []struct {
+		name                string
+		pid                 int
+		netns               string
+		netAdmin, initAdmin bool
+	}{
+		{"root has CAP_NET_ADMIN over the node's netns and in napitapd's namespace", os.Getpid(), "/proc/self/ns/net", true, true},
+		{"root has it over a netns of a child user namespace", os.Getpid(), childNS, true, true},
+		{"the uid that owns a child user namespace has it over its netns", uid1000, childNS, true, false},
+		{"another uid has it over neither", uid2000, childNS, false, false},
+		{"root in a user namespace of its own has it over none of the node's", attacker, "/proc/self/ns/net", false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fd, err := unix.Open(tc.netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			c, err := Thread(tc.pid, fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.NetAdmin != tc.netAdmin || c.InitNetAdmin != tc.initAdmin {
+				t.Errorf("pid %d (euid %d, CapEff 0x%x): NetAdmin %v, InitNetAdmin %v; want %v, %v", tc.pid, c.EUID, c.CapEff, c.NetAdmin, c.InitNetAdmin, tc.netAdmin, tc.initAdmin)
+			}
+		})
+	}
+}
