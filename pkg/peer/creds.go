@@ -39,21 +39,16 @@ type Creds struct {
 // confirms afterwards that it is still the thread it means (the seccomp
 // agent's SECCOMP_IOCTL_NOTIF_ID_VALID).
 func Thread(tid int, netnsFD int) (Creds, error) {
-	userNS, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", tid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return Creds{}, goneOr(err)
-	}
-	defer unix.Close(userNS)
-	c, err := readCreds(tid, userNS, netnsFD)
+	c, err := readCreds(tid, netnsFD)
 	return c, goneOr(err)
 }
 
 // Own is this process's credentials.
 func Own() (Creds, error) { return Thread(os.Getpid(), -1) }
 
-// readCreds reads pid's status, then judges its capabilities from userNS,
-// an fd of its user namespace.
-func readCreds(pid, userNS, netnsFD int) (Creds, error) {
+// readCreds reads pid's status and user namespace, and judges its
+// capabilities.
+func readCreds(pid, netnsFD int) (Creds, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return Creds{}, err
@@ -62,14 +57,7 @@ func readCreds(pid, userNS, netnsFD int) (Creds, error) {
 	if err != nil {
 		return c, fmt.Errorf("/proc/%d/status: %w", pid, err)
 	}
-	if c.userNS, err = idOf(userNS); err != nil {
-		return c, fmt.Errorf("user namespace of pid %d: %w", pid, err)
-	}
-	own, err := ownUserNS()
-	if err != nil {
-		return c, fmt.Errorf("napitapd's user namespace: %w", err)
-	}
-	if c.napitapdCaps, err = c.capsOver(own.fd); err != nil {
+	if err := c.judge(pid); err != nil {
 		return c, err
 	}
 	c.InitNetAdmin = c.napitapdCaps&(1<<unix.CAP_NET_ADMIN) != 0
@@ -87,6 +75,65 @@ func readCreds(pid, userNS, netnsFD int) (Creds, error) {
 	}
 	return c, nil
 }
+
+// capsOf is pid's uid-free credentials without opening a file: its
+// effective capabilities (capget(2)) judged in its user namespace.
+func capsOf(pid int) (Creds, error) {
+	hdr := unix.CapUserHeader{Version: linuxCapabilityVersion3, Pid: int32(pid)}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return Creds{}, fmt.Errorf("capget: %w", err)
+	}
+	c := Creds{CapEff: uint64(data[1].Effective)<<32 | uint64(data[0].Effective)}
+	return c, c.judge(pid)
+}
+
+// _LINUX_CAPABILITY_VERSION_3, include/uapi/linux/capability.h.
+const linuxCapabilityVersion3 = 0x20080522
+
+// judge finds pid's user namespace and the capabilities of c that hold in
+// napitapd's.
+func (c *Creds) judge(pid int) error {
+	own, err := ownUserNS()
+	if err != nil {
+		return fmt.Errorf("napitapd's user namespace: %w", err)
+	}
+	var st unix.Stat_t
+	err = unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &st)
+	switch {
+	case err == nil:
+		c.userNS = nsID{st.Dev, st.Ino}
+	case errors.Is(err, unix.EACCES):
+		// No ptrace access to pid (the fd holder has no capability, and
+		// napitapd is not dumpable). Its uid_map, which anyone may read,
+		// tells napitapd's namespace from one a capability-less root
+		// made: that one maps no uid 0, as mapping it needs CAP_SETFCAP
+		// over the parent namespace (Linux 5.12, DESIGN.md fact 25).
+		same, err := sameUIDMap(pid)
+		if err != nil {
+			return fmt.Errorf("user namespace of pid %d: %w", pid, err)
+		}
+		if same {
+			c.userNS = own.id
+		}
+	default:
+		return fmt.Errorf("user namespace of pid %d: %w", pid, err)
+	}
+	c.napitapdCaps, err = c.capsOver(own.fd)
+	return err
+}
+
+// sameUIDMap: pid's /proc uid_map reads as this process's own.
+func sameUIDMap(pid int) (bool, error) {
+	own, err := ownUIDMap()
+	if err != nil {
+		return false, err
+	}
+	theirs, err := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid))
+	return err == nil && bytes.Equal(theirs, own), err
+}
+
+var ownUIDMap = sync.OnceValues(func() ([]byte, error) { return os.ReadFile("/proc/self/uid_map") })
 
 // capsOver is the kernel's cap_capable for every capability at once: those
 // of c's that hold over objects owned by the user namespace target. From
@@ -156,7 +203,12 @@ type namespace struct {
 // nsID names a namespace: nsfs's device and inode.
 type nsID struct{ dev, ino uint64 }
 
-func (n nsID) String() string { return fmt.Sprintf("user:[%d]", n.ino) }
+func (n nsID) String() string {
+	if n.ino == 0 {
+		return "one whose uid_map is not napitapd's"
+	}
+	return fmt.Sprintf("user:[%d]", n.ino)
+}
 
 func idOf(fd int) (nsID, error) {
 	var st unix.Stat_t

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,12 +44,13 @@ var ErrGone = errors.New("the peer has exited")
 // Process is a peer, pinned by a pidfd where the kernel gives one.
 type Process struct {
 	Pid      int
-	UID, GID uint32 // the kernel's record at connect time (SO_PEERCRED); Connected only
+	UID, GID uint32 // the kernel's record at connect time (SO_PEERCRED), or Accepting's read
 	pidfd    int    // -1: before Linux 6.5, none; see pidfdErr
-	// pidfdErr: the kernel has SO_PEERPIDFD but it failed (EMFILE...):
-	// the pid cannot be confirmed, and every question about the process
-	// fails closed. Its uid still stands.
+	// pidfdErr: the kernel has SO_PEERPIDFD but it failed: the pid
+	// cannot be confirmed, and every question about the process fails
+	// closed (after pinned's retries, for want of an fd). Its uid stands.
 	pidfdErr error
+	conn     *net.UnixConn // Connected's, for pinned
 }
 
 // Cred is what the kernel recorded about the process that connected to c
@@ -84,7 +86,7 @@ func Connected(c *net.UnixConn) (*Process, error) {
 		return nil, err
 	}
 	var pidfdErr error
-	p := &Process{pidfd: -1}
+	p := &Process{pidfd: -1, conn: c}
 	if err := rc.Control(func(fd uintptr) {
 		p.pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	}); err != nil {
@@ -126,6 +128,13 @@ func Accepting(c *net.UnixConn, pid int) (*Process, error) {
 		p.Close()
 		return nil, err
 	}
+	// No SO_PEERCRED for the side that accepted: its uid now.
+	c2, err := p.read(-1)
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("%w: credentials of pid %d: %w", ErrNotNapitapd, pid, err)
+	}
+	p.UID, p.GID = c2.EUID, c2.EGID
 	return p, nil
 }
 
@@ -150,16 +159,14 @@ func (p *Process) Creds(netnsFD int) (Creds, error) {
 	return c, nil
 }
 
+// read reads p's credentials, then makes sure with the pidfd that the pid
+// was p's all along: a pid is given to another process only once its
+// pidfd polls readable.
 func (p *Process) read(netnsFD int) (Creds, error) {
-	if p.pidfdErr != nil {
-		return Creds{}, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
-	}
-	userNS, err := p.namespace(pidfdGetUserNamespace, "user")
-	if err != nil {
+	if err := p.pinned(); err != nil {
 		return Creds{}, err
 	}
-	defer unix.Close(userNS)
-	c, err := readCreds(p.Pid, userNS, netnsFD)
+	c, err := readCreds(p.Pid, netnsFD)
 	if err != nil {
 		return c, goneOr(err)
 	}
@@ -167,15 +174,24 @@ func (p *Process) read(netnsFD int) (Creds, error) {
 }
 
 // Napitapd: p is napitapd's equal, root with Required in napitapd's user
-// namespace, and was so while it was read. Every refusal wraps
-// ErrNotNapitapd, and ErrGone where the peer exited.
+// namespace, and was so while it was judged. Every refusal wraps
+// ErrNotNapitapd, and ErrGone where the peer exited. It opens no fd (a
+// napitapd out of fds still tells the plugin from a pod): its uid is the
+// kernel's record of p (SO_PEERCRED), its capabilities capget(2)'s, its
+// user namespace a stat of /proc/PID/ns/user.
 func (p *Process) Napitapd() error {
-	c, err := p.read(-1)
-	if err != nil {
-		return fmt.Errorf("%w: credentials of pid %d: %w", ErrNotNapitapd, p.Pid, err)
+	if err := p.pinned(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotNapitapd, err)
 	}
-	if c.EUID != 0 {
-		return fmt.Errorf("%w: pid %d runs as uid %d, not root", ErrNotNapitapd, p.Pid, c.EUID)
+	if p.UID != 0 {
+		return fmt.Errorf("%w: pid %d runs as uid %d, not root", ErrNotNapitapd, p.Pid, p.UID)
+	}
+	c, err := capsOf(p.Pid)
+	if err == nil {
+		err = p.alive()
+	}
+	if err != nil {
+		return fmt.Errorf("%w: credentials of pid %d: %w", ErrNotNapitapd, p.Pid, goneOr(err))
 	}
 	if c.napitapdCaps&Required != Required {
 		if c.CapEff&Required == Required {
@@ -187,37 +203,56 @@ func (p *Process) Napitapd() error {
 }
 
 // OpenNetns opens p's network namespace; the caller closes it. Through the
-// pidfd where the kernel can (6.11): the netns of that very process.
+// pidfd where the kernel can (PIDFD_GET_NET_NAMESPACE, Linux 6.11): the
+// netns of that very process; else through /proc/PID/ns/net, which a
+// later read or alive confirms.
 func (p *Process) OpenNetns() (int, error) {
-	if p.pidfdErr != nil {
-		return -1, fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
+	if err := p.pinned(); err != nil {
+		return -1, err
 	}
-	fd, err := p.namespace(pidfdGetNetNamespace, "net")
-	if err != nil {
-		return -1, fmt.Errorf("netns of pid %d: %w", p.Pid, err)
-	}
-	return fd, nil
-}
-
-// namespace opens one of p's namespaces: through the pidfd (Linux 6.11's
-// PIDFD_GET_*_NAMESPACE), else through /proc/PID/ns, which alive confirms
-// afterwards.
-func (p *Process) namespace(ioctl uint, name string) (int, error) {
 	if p.pidfd >= 0 {
-		fd, err := unix.IoctlRetInt(p.pidfd, ioctl)
+		fd, err := unix.IoctlRetInt(p.pidfd, pidfdGetNetNamespace)
 		if err == nil {
 			return fd, nil
 		}
 		if !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
-			return -1, goneOr(err)
+			return -1, fmt.Errorf("netns of pid %d: %w", p.Pid, goneOr(err))
 		}
 	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", p.Pid, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", p.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, goneOr(err)
+		return -1, fmt.Errorf("netns of pid %d: %w", p.Pid, goneOr(err))
 	}
 	return fd, nil
 }
+
+// pinned makes sure p's pid can be confirmed. The socket keeps the
+// process that connected, so SO_PEERPIDFD names it whenever it is asked:
+// one that failed for want of an fd (a napitapd at its fd limit) is asked
+// again, for up to a second, while other connections close.
+func (p *Process) pinned() error {
+	if p.pidfdErr == nil {
+		return nil
+	}
+	if p.conn != nil && p.Pid != 0 {
+		rc, err := p.conn.SyscallConn()
+		for wait := 5 * time.Millisecond; err == nil && wait < time.Second && outOfFDs(p.pidfdErr); wait *= 2 {
+			time.Sleep(wait)
+			var fd int
+			var gerr error
+			if err = rc.Control(func(s uintptr) { fd, gerr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD) }); err == nil {
+				if gerr == nil {
+					p.pidfd, p.pidfdErr = fd, nil
+					return nil
+				}
+				p.pidfdErr = fmt.Errorf("SO_PEERPIDFD: %w", gerr)
+			}
+		}
+	}
+	return fmt.Errorf("pid %d cannot be confirmed: %w", p.Pid, p.pidfdErr)
+}
+
+func outOfFDs(err error) bool { return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) }
 
 // alive: the pidfd's process has not exited, so the pid read before this
 // was still its own. A pidfd polls readable once its process has exited;
@@ -246,8 +281,6 @@ func goneOr(err error) error {
 	return err
 }
 
-// include/uapi/linux/pidfd.h (Linux 6.11): _IO(PIDFS_IOCTL_MAGIC, n).
-const (
-	pidfdGetNetNamespace  = 0xff<<8 | 4
-	pidfdGetUserNamespace = 0xff<<8 | 9
-)
+// PIDFD_GET_NET_NAMESPACE, include/uapi/linux/pidfd.h (Linux 6.11):
+// _IO(PIDFS_IOCTL_MAGIC, 4).
+const pidfdGetNetNamespace = 0xff<<8 | 4

@@ -29,6 +29,16 @@ func TestHelperProcess(t *testing.T) {
 		t.Skip("a helper process")
 	}
 	path := os.Getenv("NAPITAP_PEER_SOCKET")
+	if os.Getenv("NAPITAP_PEER_UNDUMPABLE") == "1" {
+		// As napitapd makes itself.
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
+	if mode == "judge" {
+		os.Exit(judge(path))
+	}
 	var c net.Conn
 	var err error
 	if mode == "listen" {
@@ -50,6 +60,34 @@ func TestHelperProcess(t *testing.T) {
 	defer c.Close()
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	os.Exit(0)
+}
+
+// judge listens on path, judges the one peer that connects, and says
+// "napitapd" or why not.
+func judge(path string) int {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println("listening")
+	c, err := l.AcceptUnix()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer c.Close()
+	p, err := Connected(c)
+	if err == nil {
+		defer p.Close()
+		err = p.Napitapd()
+	}
+	if err != nil {
+		fmt.Println(err)
+	} else {
+		fmt.Println("napitapd")
+	}
+	return 0
 }
 
 type who int
@@ -336,6 +374,58 @@ func TestCapabilitiesHoldWhereTheKernelSaysTheyDo(t *testing.T) {
 			}
 			if c.NetAdmin != tc.netAdmin || c.InitNetAdmin != tc.initAdmin {
 				t.Errorf("pid %d (euid %d, CapEff 0x%x): NetAdmin %v, InitNetAdmin %v; want %v, %v", tc.pid, c.EUID, c.CapEff, c.NetAdmin, c.InitNetAdmin, tc.netAdmin, tc.initAdmin)
+			}
+		})
+	}
+}
+
+// TestAJudgeWithoutCapabilitiesTellsNapitapdFromAUserNamespaceOfItsOwn: the
+// fd holder runs with no capability, so it may not look at a napitapd's
+// (not dumpable) /proc/PID/ns/user; it still knows napitapd's equal, and
+// still refuses a root with every capability in a namespace of its own.
+func TestAJudgeWithoutCapabilitiesTellsNapitapdFromAUserNamespaceOfItsOwn(t *testing.T) {
+	nstest.RequireRoot(t)
+	cases := []struct {
+		name       string
+		who        who
+		undumpable bool
+		want       string
+	}{
+		{"a napitapd that is not dumpable is napitapd's equal", rootWithCaps, true, "napitapd"},
+		{"root with every capability in a user namespace of its own is not", rootInOwnUserns, false, "only in a user namespace of its own"},
+		{"the same, not dumpable, is not", rootInOwnUserns, true, "only in a user namespace of its own"},
+		{"root without capabilities is not", caplessRoot, false, "lacks capabilities"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "s")
+			j := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
+			j.Env = append(os.Environ(), helperEnv+"=judge", "NAPITAP_PEER_SOCKET="+path)
+			j = nstest.AsCaplessRoot(t, j)
+			out, err := j.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.Stderr = os.Stderr
+			if err := j.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = j.Process.Kill(); _ = j.Wait() })
+			said := bufio.NewReader(out)
+			if line, _ := said.ReadString('\n'); line != "listening\n" {
+				t.Fatalf("judge: %q", line)
+			}
+			if err := os.Chmod(path, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if tc.undumpable {
+				t.Setenv("NAPITAP_PEER_UNDUMPABLE", "1")
+			}
+			startPeer(t, tc.who, "dial", path)
+			verdict, _ := said.ReadString('\n')
+			if !strings.Contains(verdict, tc.want) {
+				t.Errorf("the judge said %q, want %q", verdict, tc.want)
 			}
 		})
 	}
