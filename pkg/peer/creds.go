@@ -19,7 +19,11 @@ import (
 type Creds struct {
 	EUID   uint32
 	EGID   uint32
-	Groups []uint32 // supplementary
+	Groups []uint32 // supplementary; see GroupsRead
+	// GroupsRead: Groups were read. Thread leaves them out (ThreadGroups
+	// reads them): the kernel asks for them only of a caller that is not
+	// in a tap's group by its egid, and reading them is most of the cost.
+	GroupsRead bool
 	// CapEff is the effective set as /proc shows it: it holds in the
 	// process's own user namespace, which may be one it made itself.
 	CapEff uint64
@@ -35,16 +39,41 @@ type Creds struct {
 }
 
 // Thread reads the credentials of the thread tid as they are now, NetAdmin
-// over the netns netnsFD (-1: none asked). Nothing pins tid: the caller
-// confirms afterwards that it is still the thread it means (the seccomp
-// agent's SECCOMP_IOCTL_NOTIF_ID_VALID).
-func Thread(tid int, netnsFD int) (Creds, error) {
-	c, err := readCreds(tid, netnsFD)
-	return c, goneOr(err)
+// over the netns netnsFD (-1: none asked), without its supplementary
+// groups (GroupsRead false): its euid and egid from pidfd, a pidfd of
+// that thread (PIDFD_GET_INFO, Linux 6.13), its capabilities from
+// capget(2). A kernel without PIDFD_GET_INFO gets /proc/TID/status read,
+// groups included. The caller confirms afterwards that tid is still the
+// thread it means (the seccomp agent's SECCOMP_IOCTL_NOTIF_ID_VALID).
+func Thread(tid, pidfd, netnsFD int) (Creds, error) {
+	info := pidfdInfo{Mask: pidfdInfoCreds}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), pidfdGetInfo, uintptr(unsafe.Pointer(&info))); errno != 0 {
+		if errno != unix.ENOTTY && errno != unix.EINVAL {
+			return Creds{}, goneOr(fmt.Errorf("PIDFD_GET_INFO: %w", errno))
+		}
+		c, err := readCreds(tid, netnsFD)
+		return c, goneOr(err)
+	}
+	c, err := capsOf(tid)
+	if err != nil {
+		return c, goneOr(err)
+	}
+	c.EUID, c.EGID = info.Euid, info.Egid
+	return c, goneOr(c.netAdmin(netnsFD))
+}
+
+// ThreadGroups reads the supplementary groups of the thread tid.
+func ThreadGroups(tid int) ([]uint32, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return nil, goneOr(err)
+	}
+	c, err := parseStatus(b)
+	return c.Groups, err
 }
 
 // Own is this process's credentials.
-func Own() (Creds, error) { return Thread(os.Getpid(), -1) }
+func Own() (Creds, error) { return readCreds(os.Getpid(), -1) }
 
 // readCreds reads pid's status and user namespace, and judges its
 // capabilities.
@@ -57,23 +86,47 @@ func readCreds(pid, netnsFD int) (Creds, error) {
 	if err != nil {
 		return c, fmt.Errorf("/proc/%d/status: %w", pid, err)
 	}
+	c.GroupsRead = true
 	if err := c.judge(pid); err != nil {
 		return c, err
 	}
+	return c, c.netAdmin(netnsFD)
+}
+
+// struct pidfd_info of include/uapi/linux/pidfd.h (Linux 6.13), as far as
+// its credentials, and PIDFD_GET_INFO: _IOWR(0xFF, 11, struct pidfd_info).
+type pidfdInfo struct {
+	Mask                                             uint64
+	CgroupID                                         uint64
+	Pid, Tgid, Ppid                                  uint32
+	Ruid, Rgid, Euid, Egid, Suid, Sgid, Fsuid, Fsgid uint32
+	ExitCode                                         int32
+	CoredumpMask                                     uint32
+	_                                                uint32
+}
+
+const (
+	pidfdInfoCreds = 1 << 1
+	pidfdGetInfo   = 3<<30 | uintptr(unsafe.Sizeof(pidfdInfo{}))<<16 | 0xff<<8 | 11
+)
+
+// netAdmin sets InitNetAdmin, and NetAdmin over the netns netnsFD (-1:
+// none asked), from the capabilities judge found.
+func (c *Creds) netAdmin(netnsFD int) error {
 	c.InitNetAdmin = c.napitapdCaps&(1<<unix.CAP_NET_ADMIN) != 0
 	if netnsFD >= 0 {
 		owner, err := unix.IoctlRetInt(netnsFD, unix.NS_GET_USERNS)
 		if err != nil {
-			return c, fmt.Errorf("NS_GET_USERNS: %w", err)
+			return fmt.Errorf("NS_GET_USERNS: %w", err)
 		}
 		caps, err := c.capsOver(owner)
 		unix.Close(owner)
 		if err != nil {
-			return c, err
+			return err
 		}
 		c.NetAdmin = caps&(1<<unix.CAP_NET_ADMIN) != 0
 	}
-	return c, nil
+	return nil
 }
 
 // capsOf is pid's uid-free credentials without opening a file: its
@@ -114,12 +167,21 @@ func (c *Creds) judge(pid int) error {
 			return fmt.Errorf("user namespace of pid %d: %w", pid, err)
 		}
 		if same {
-			c.userNS = own.id
+			c.userNS = own
 		}
 	default:
 		return fmt.Errorf("user namespace of pid %d: %w", pid, err)
 	}
-	c.napitapdCaps, err = c.capsOver(own.fd)
+	if c.userNS == own {
+		c.napitapdCaps = c.CapEff
+		return nil
+	}
+	fd, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("napitapd's user namespace: %w", err)
+	}
+	defer unix.Close(fd)
+	c.napitapdCaps, err = c.capsOver(fd)
 	return err
 }
 
@@ -184,21 +246,12 @@ func (c *Creds) capsOver(target int) (uint64, error) {
 	}
 }
 
-// ownUserNS is napitapd's user namespace, which it never leaves: opened
-// once, and kept open for the process's life.
-var ownUserNS = sync.OnceValues(func() (namespace, error) {
-	fd, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return namespace{fd: -1}, err
-	}
-	id, err := idOf(fd)
-	return namespace{fd: fd, id: id}, err
+// ownUserNS is napitapd's user namespace, which it never leaves.
+var ownUserNS = sync.OnceValues(func() (nsID, error) {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/self/ns/user", &st)
+	return nsID{st.Dev, st.Ino}, err
 })
-
-type namespace struct {
-	fd int
-	id nsID
-}
 
 // nsID names a namespace: nsfs's device and inode.
 type nsID struct{ dev, ino uint64 }

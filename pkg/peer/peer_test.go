@@ -278,13 +278,25 @@ func TestRootInTheInitialUserNamespaceHoldsNetAdminOverItsNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	c, err := Thread(unix.Gettid(), fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := threadCreds(t, unix.Gettid(), fd)
 	if c.EUID != 0 || !c.NetAdmin || !c.InitNetAdmin {
 		t.Errorf("root in the initial user namespace reads as %+v", c)
 	}
+}
+
+// threadCreds is Thread for tid, pinned by a pidfd of that thread.
+func threadCreds(t *testing.T, tid, netnsFD int) Creds {
+	t.Helper()
+	pidfd, err := unix.PidfdOpen(tid, unix.O_EXCL) // PIDFD_THREAD
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+	c, err := Thread(tid, pidfd, netnsFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func TestParseStatus(t *testing.T) {
@@ -368,9 +380,9 @@ func TestCapabilitiesHoldWhereTheKernelSaysTheyDo(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer unix.Close(fd)
-			c, err := Thread(tc.pid, fd)
-			if err != nil {
-				t.Fatal(err)
+			c := threadCreds(t, tc.pid, fd)
+			if want, err := readCreds(tc.pid, -1); err != nil || c.EUID != want.EUID || c.EGID != want.EGID || c.CapEff != want.CapEff {
+				t.Errorf("pid %d: Thread says euid %d egid %d CapEff 0x%x; /proc/PID/status %+v (%v)", tc.pid, c.EUID, c.EGID, c.CapEff, want, err)
 			}
 			if c.NetAdmin != tc.netAdmin || c.InitNetAdmin != tc.initAdmin {
 				t.Errorf("pid %d (euid %d, CapEff 0x%x): NetAdmin %v, InitNetAdmin %v; want %v, %v", tc.pid, c.EUID, c.CapEff, c.NetAdmin, c.InitNetAdmin, tc.netAdmin, tc.initAdmin)

@@ -138,7 +138,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	// name went meanwhile, IFF_NAPI_FRAGS. The thread gets CAP_NET_ADMIN
 	// only if the caller has it over the tap's netns, which is all the
 	// kernel asks of it there.
-	c, err := peer.Thread(tid, nsfd)
+	c, err := peer.Thread(tid, pidfd, nsfd)
 	if err != nil {
 		return continueVerdict
 	}
@@ -168,19 +168,32 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	queue := &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}
 	s.setLast(n.Pid, *queue)
 	var persistent bool
-	err = threadcred.Run(creds, func() error {
-		// The caller's own open file: its fd number, FD_CLOEXEC and
-		// O_NONBLOCK stay as they were.
-		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, req); err != nil {
-			return err
+	attach := func() error {
+		return threadcred.Run(creds, func() error {
+			// The caller's own open file: its fd number, FD_CLOEXEC and
+			// O_NONBLOCK stay as they were.
+			if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, req); err != nil {
+				return err
+			}
+			got, err := unix.NewIfreq("")
+			if err == nil {
+				err = unix.IoctlIfreq(fd, unix.TUNGETIFF, got)
+			}
+			persistent = err == nil && got.Uint16()&unix.IFF_PERSIST != 0
+			return nil
+		})
+	}
+	err = attach()
+	if errors.Is(err, unix.EPERM) && !c.GroupsRead {
+		// The kernel judged the caller without its supplementary groups,
+		// which it asks for only where the tap's group is not the
+		// caller's egid; a refused TUNSETIFF changed nothing, so ask
+		// again with them.
+		if groups, gerr := peer.ThreadGroups(tid); gerr == nil && len(groups) > 0 && notifIDValid(listener, n.ID) {
+			c.Groups, creds.Groups = groups, groups
+			err = attach()
 		}
-		got, err := unix.NewIfreq("")
-		if err == nil {
-			err = unix.IoctlIfreq(fd, unix.TUNGETIFF, got)
-		}
-		persistent = err == nil && got.Uint16()&unix.IFF_PERSIST != 0
-		return nil
-	})
+	}
 	var credErr *threadcred.Error
 	if errors.As(err, &credErr) {
 		// napitapd lacks CAP_SETUID or CAP_SETGID: it cannot act as the
