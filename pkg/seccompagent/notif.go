@@ -3,7 +3,9 @@ package seccompagent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -84,12 +86,22 @@ var errRunning = errors.New("the thread is running")
 
 // confirmReceived is confirmPending for a notification RECV has just
 // given: the kernel queues it before its caller sleeps, so a running
-// caller is waited for, briefly. gone: the notification is no longer
-// pending (a signal took its caller out of the call), and there is
-// nothing to answer.
+// caller is waited for, briefly (yielding first: it is about to sleep).
+// gone: the notification is no longer pending (a signal took its caller
+// out of the call), and there is nothing to answer.
 func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
-	for range 2000 {
-		err = confirmPending(n)
+	f, err := openSyscall(n.Pid)
+	if err != nil {
+		return !notifIDValid(listener, n.ID), err
+	}
+	defer f.Close()
+	var buf [256]byte
+	for i := range 2000 {
+		var k int
+		// At offset 0 /proc makes the file anew.
+		if k, err = f.ReadAt(buf[:], 0); err == nil || errors.Is(err, io.EOF) {
+			err = confirmPending(n, buf[:k])
+		}
 		if err == nil {
 			return false, nil
 		}
@@ -99,42 +111,53 @@ func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
 		if !errors.Is(err, errRunning) {
 			return false, err
 		}
-		time.Sleep(25 * time.Microsecond)
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(25 * time.Microsecond)
+		}
 	}
 	return false, err
 }
 
-// readSyscall reads /proc/TID/syscall. The file is mode 0400 and its
+// openSyscall opens /proc/TID/syscall. The file is mode 0400 and its
 // thread's owner's, and napitapd has no CAP_DAC_OVERRIDE (the DaemonSet
-// gives it none): it reads it as that owner, keeping CAP_SYS_PTRACE for
-// the ptrace check /proc makes too.
-func readSyscall(tid uint32) ([]byte, error) {
+// gives it none): it opens it as that owner, keeping CAP_SYS_PTRACE for
+// the ptrace check /proc makes at each read too.
+func openSyscall(tid uint32) (*os.File, error) {
 	path := fmt.Sprintf("/proc/%d/syscall", tid)
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return nil, err
 	}
 	if st.Uid == uint32(os.Geteuid()) {
-		return os.ReadFile(path)
+		return os.Open(path)
 	}
-	var b []byte
+	var f *os.File
 	err := threadcred.Run(threadcred.Creds{UID: st.Uid, GID: st.Gid, Caps: 1 << unix.CAP_SYS_PTRACE}, func() (err error) {
-		b, err = os.ReadFile(path)
+		f, err = os.Open(path)
 		return err
 	})
-	return b, err
+	return f, err
+}
+
+// readSyscall reads /proc/TID/syscall (openSyscall).
+func readSyscall(tid uint32) ([]byte, error) {
+	f, err := openSyscall(tid)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }
 
 // confirmPending checks n, a notification read back from a slot, with the
 // kernel: its thread must be blocked in that very syscall with those
-// arguments (/proc/TID/syscall: the number, then the arguments in hex).
+// arguments (b, its /proc/TID/syscall: the number, then the arguments in
+// hex).
 // The caller has checked n.ID (notifIDValid); this makes sure Pid and
 // Args, which the kernel cannot be asked for by ID, are the caller's.
-func confirmPending(n *seccompNotif) error {
-	b, err := readSyscall(n.Pid)
-	if err != nil {
-		return err
-	}
+func confirmPending(n *seccompNotif, b []byte) error {
 	f := strings.Fields(string(b))
 	if len(f) == 1 && f[0] == "running" {
 		return errRunning
