@@ -132,7 +132,7 @@ func (c *Creds) netAdmin(netnsFD int) error {
 // capsOf is pid's uid-free credentials without opening a file: its
 // effective capabilities (capget(2)) judged in its user namespace.
 func capsOf(pid int) (Creds, error) {
-	hdr := unix.CapUserHeader{Version: linuxCapabilityVersion3, Pid: int32(pid)}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3, Pid: int32(pid)}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return Creds{}, fmt.Errorf("capget: %w", err)
@@ -140,9 +140,6 @@ func capsOf(pid int) (Creds, error) {
 	c := Creds{CapEff: uint64(data[1].Effective)<<32 | uint64(data[0].Effective)}
 	return c, c.judge(pid)
 }
-
-// _LINUX_CAPABILITY_VERSION_3, include/uapi/linux/capability.h.
-const linuxCapabilityVersion3 = 0x20080522
 
 // judge finds pid's user namespace and the capabilities of c that hold in
 // napitapd's.
