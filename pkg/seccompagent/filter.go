@@ -8,16 +8,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// auditArch is the AUDIT_ARCH_* of the syscalls this build makes. Only
-// little-endian 64-bit arches: the filter reads the low word of args[1].
+// arch is what the filter compares for one GOARCH: the AUDIT_ARCH_* of
+// its native syscalls and the number of ioctl there (the number alone
+// means another syscall on another arch). Only little-endian 64-bit
+// arches: the filter reads the low word of args[1].
+type arch struct {
+	audit uint32
+	ioctl uint32
+}
+
+// arches: include/uapi/linux/audit.h; ioctl is 16 in
+// arch/x86/entry/syscalls/syscall_64.tbl and 29 in the generic table
+// arm64 uses (include/uapi/asm-generic/unistd.h).
+var arches = map[string]arch{
+	"amd64": {audit: unix.AUDIT_ARCH_X86_64, ioctl: 16},
+	"arm64": {audit: unix.AUDIT_ARCH_AARCH64, ioctl: 29},
+}
+
+// auditArch is the AUDIT_ARCH_* of the syscalls this build makes.
 func auditArch() (uint32, error) {
-	switch runtime.GOARCH {
-	case "amd64":
-		return unix.AUDIT_ARCH_X86_64, nil
-	case "arm64":
-		return unix.AUDIT_ARCH_AARCH64, nil
+	a, ok := arches[runtime.GOARCH]
+	if !ok {
+		return 0, fmt.Errorf("seccomp filter: unsupported arch %s", runtime.GOARCH)
 	}
-	return 0, fmt.Errorf("seccomp filter: unsupported arch %s", runtime.GOARCH)
+	return a.audit, nil
 }
 
 // Offsets into struct seccomp_data.
@@ -31,20 +45,23 @@ const (
 	tunSetIffLo = uint32(unix.TUNSETIFF) & 0xffffffff
 )
 
-// Filter is the BPF program: ioctl(fd, TUNSETIFF, ...) of the native arch
-// goes to the listener, everything else runs. The kernel truncates an
+// Filter is the BPF program for this build's arch: ioctl(fd, TUNSETIFF,
+// ...) of the native arch goes to the listener, everything else runs (a
+// compat 32-bit call too: its arch differs). The kernel truncates an
 // ioctl command to 32 bits, so only the low word is compared: a caller
 // cannot slip past with high bits set.
-func Filter() ([]unix.SockFilter, error) {
-	arch, err := auditArch()
-	if err != nil {
-		return nil, err
+func Filter() ([]unix.SockFilter, error) { return filterFor(runtime.GOARCH) }
+
+func filterFor(goarch string) ([]unix.SockFilter, error) {
+	a, ok := arches[goarch]
+	if !ok {
+		return nil, fmt.Errorf("seccomp filter: unsupported arch %s", goarch)
 	}
 	return []unix.SockFilter{
 		{Code: bpfLdWAbs, K: offArch},
-		{Code: bpfJeqK, Jt: 0, Jf: 5, K: arch},
+		{Code: bpfJeqK, Jt: 0, Jf: 5, K: a.audit},
 		{Code: bpfLdWAbs, K: offNr},
-		{Code: bpfJeqK, Jt: 0, Jf: 3, K: unix.SYS_IOCTL},
+		{Code: bpfJeqK, Jt: 0, Jf: 3, K: a.ioctl},
 		{Code: bpfLdWAbs, K: offArg1Low},
 		{Code: bpfJeqK, Jt: 0, Jf: 1, K: tunSetIffLo},
 		{Code: bpfRetK, K: unix.SECCOMP_RET_USER_NOTIF},
