@@ -36,26 +36,48 @@ func usage() {
 	os.Exit(2)
 }
 
-// printUsage is what --help prints, on any subcommand.
+// printUsage is what --help and help print: every verb's usage.
 func printUsage() {
-	fmt.Fprintf(os.Stderr, `usage:
-  napitapctl [--socket PATH] exec [--container ID --ifname IF] -- CMD [ARGS...]
+	fmt.Fprint(os.Stderr, "usage:\n")
+	for _, v := range verbs {
+		fmt.Fprint(os.Stderr, v.usage)
+	}
+	fmt.Fprint(os.Stderr, "  napitapctl help [VERB]\n      This, or one verb's usage (as VERB --help). --socket goes before or after the verb.\n")
+}
+
+// printVerbUsage is VERB --help's and help VERB's: that verb's usage alone.
+func printVerbUsage(name string) bool {
+	for _, v := range verbs {
+		if v.name == name {
+			fmt.Fprint(os.Stderr, "usage:\n"+v.usage)
+			return true
+		}
+	}
+	return false
+}
+
+// verbs is the usage of each verb, in the order --help lists them.
+var verbs = []struct{ name, usage string }{
+	{"exec", `  napitapctl [--socket PATH] exec [--container ID --ifname IF] -- CMD [ARGS...]
       Fetch the attachment's queue fds (without --container: the one in this
       process's netns) and run CMD with them as fds 3, 4, ...; in ARGS,
       "{fds}" becomes "3:4:...", "{fds,}" "3,4,...", "{queues}" the queue
       count and "{mac}" the MAC the guest must use. Signals are passed on;
       napitapctl exits with CMD's status.
-  napitapctl launch [--seccomp-socket PATH] -- CMD [ARGS...]
+`},
+	{"launch", `  napitapctl launch [--seccomp-socket PATH] -- CMD [ARGS...]
       Exec CMD under a seccomp filter whose TUNSETIFF calls napitapd serves:
       opening a napitap tap by name gives NAPI queues. CMD and everything
       it starts stay under the filter; without napitapd their TUNSETIFF
       fails with ENOSYS.
-  napitapctl [--socket PATH] list
+`},
+	{"list", `  napitapctl [--socket PATH] list
       What napitapd holds: MODE is intercept (the VMM opens the tap by name)
       or fds (napitapd holds the queues), MAC is the guest's, HELD the queue
       fds napitapd holds now (0 after a fetch, until the next fetch reopens
       them).
-  napitapctl queues --netns PATH --tap NAME [-o table|json]
+`},
+	{"queues", `  napitapctl queues --netns PATH --tap NAME [-o table|json]
   napitapctl [--socket PATH] queues --container ID --ifname IF [-o table|json]
       Every open queue of the tap on the node, read from the kernel: the
       process holding it (pid, command), its fd, and TUNGETIFF's flags on
@@ -64,36 +86,42 @@ func printUsage() {
       2): they are the queues' when all were opened alike, as a VMM opens
       them. Detached queues are not listed. Needs root with CAP_SYS_PTRACE
       (napitapd's container has it).
-  napitapctl [--socket PATH] ready
+`},
+	{"ready", `  napitapctl [--socket PATH] ready
       Exit 0 only if the napitapd answering on the socket runs in this
       process's container (the same mount namespace): the DaemonSet's
       readiness probe, which a pod whose napitapd has not taken over from
       the old pod's must fail, however well the old one answers.
-  napitapctl probe [FDS]
+`},
+	{"probe", `  napitapctl probe [FDS]
       Diagnostic, run by exec: napitapctl exec -- napitapctl probe {fds}.
       Write 16 in-order TCP segments into the first queue fd of FDS
       (default 3) and tell whether GRO in the tap's netns merged them,
       which only a NAPI queue does, given the tap's gro_flush_timeout;
       exits 1 if it did not.
-  napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
+`},
+	{"seccomp-profile", `  napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
   napitapctl seccomp-profile [--listener PATH] --install DIR
       Print a Localhost seccomp profile that sends the VMM's TUNSETIFF to
       napitapd's seccomp agent, or install every kind into DIR (a kubelet
       seccomp dir, e.g. /var/lib/kubelet/seccomp/napitap).
-  napitapctl install-plugin [--from PATH] --dir DIR [--name NAME]
+`},
+	{"install-plugin", `  napitapctl install-plugin [--from PATH] --dir DIR [--name NAME]
       Install the plugin binary (default /opt/napitap/bin/napitap) into the
       CNI bin dir DIR under its own name (or NAME), atomically: a temporary file in
       DIR, synced, then renamed over the old one, so that a runtime exec'ing
       the plugin meanwhile runs the old or the new one. A symlink there is
       refused. Says what it replaced.
-  napitapctl [--socket PATH] version
+`},
+	{"version", `  napitapctl [--socket PATH] version
       Print napitapctl's version, then that of the napitapd on the socket
       (--version: napitapctl's alone, connecting to nothing).
-  napitapctl wait
+`},
+	{"wait", `  napitapctl wait
       Do nothing until SIGTERM or SIGINT, then exit 0: the container of a
       pod that keeps its network while a VMM is started in it by hand
       (kubectl exec POD -- napitapctl exec -- qemu-system-x86_64 ...).
-`)
+`},
 }
 
 // usageError reports a command line napitapctl cannot run, as usage does,
@@ -103,11 +131,19 @@ func usageError(format string, a ...any) {
 	os.Exit(2)
 }
 
-// subFlags is a subcommand's flag set: --help prints the usage and exits 0,
+// subFlags is a subcommand's flag set: --help prints its usage and exits 0,
 // before anything connects; a bad flag exits 2.
 func subFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ExitOnError)
-	fs.Usage = printUsage
+	fs.Usage = func() { printVerbUsage(name) }
+	return fs
+}
+
+// clientFlags is subFlags for a verb that talks to napitapd: --socket, the
+// global flag, may come after the verb too, as kubectl's do.
+func clientFlags(name string, client *handoff.Client) *flag.FlagSet {
+	fs := subFlags(name)
+	fs.StringVar(&client.Socket, "socket", client.Socket, "napitapd socket")
 	return fs
 }
 
@@ -133,6 +169,13 @@ func main() {
 	}
 	var err error
 	switch flag.Arg(0) {
+	case "help":
+		switch args := flag.Args()[1:]; {
+		case len(args) == 0:
+			printUsage()
+		case len(args) > 1 || !printVerbUsage(args[0]):
+			usageError("help: no verb %q", strings.Join(args, " "))
+		}
 	case "exec":
 		err = execCmd(client, flag.Args()[1:])
 	case "launch":
@@ -205,7 +248,7 @@ func socketGroup(socket string) (int, string) {
 }
 
 func execCmd(client *handoff.Client, args []string) error {
-	fs := subFlags("exec")
+	fs := clientFlags("exec", client)
 	container := fs.String("container", "", "container ID of the attachment")
 	ifName := fs.String("ifname", "", "CNI_IFNAME of the attachment")
 	fs.Parse(args)
@@ -298,7 +341,7 @@ func closeAll(files []*os.File) {
 }
 
 func list(client *handoff.Client, args []string) error {
-	fs := subFlags("list")
+	fs := clientFlags("list", client)
 	fs.Parse(args)
 	if fs.NArg() != 0 {
 		usageError("list takes no arguments, got %q", fs.Args())
@@ -324,7 +367,7 @@ func list(client *handoff.Client, args []string) error {
 // versions prints napitapctl's version, then that of the napitapd that
 // answers on the socket: which one a node runs.
 func versions(client *handoff.Client, args []string) error {
-	fs := subFlags("version")
+	fs := clientFlags("version", client)
 	fs.Parse(args)
 	if fs.NArg() != 0 {
 		usageError("version takes no arguments, got %q", fs.Args())
@@ -344,7 +387,7 @@ func versions(client *handoff.Client, args []string) error {
 
 // ready: the napitapd that answers is this container's own.
 func ready(client *handoff.Client, args []string) error {
-	fs := subFlags("ready")
+	fs := clientFlags("ready", client)
 	fs.Parse(args)
 	if fs.NArg() != 0 {
 		usageError("ready takes no arguments, got %q", fs.Args())

@@ -15,7 +15,7 @@ import (
 // queues lists the open queues of a tap, named by its netns and name or
 // by the attachment napitapd records.
 func queues(client *handoff.Client, args []string) error {
-	fs := subFlags("queues")
+	fs := clientFlags("queues", client)
 	netns := fs.String("netns", "", "the tap's network namespace (a path)")
 	tap := fs.String("tap", "", "the tap's name")
 	container := fs.String("container", "", "container ID of the attachment (instead of --netns and --tap)")
