@@ -577,7 +577,7 @@ func (c *Config) RequireAddable() error {
 // reported before a pod needs it.
 func (c *Config) RequireConsistent() error {
 	if c.HandoffMode == HandoffFDs && c.Queues > handoff.MaxFDs {
-		return invalid("queues", "%d queues cannot be handed off: one message carries at most %d fds; use \"handoff\": {\"mode\": \"intercept\"} or fewer", c.Queues, handoff.MaxFDs)
+		return fdsQueuesError(c.Queues)
 	}
 	// runtime-rs opens the tap by name: queues napitapd held as well would
 	// take traffic nobody reads (DESIGN.md fact 7).
@@ -654,9 +654,17 @@ func DefaultTapName(ifName, wiring string) string {
 	return name
 }
 
+// fdsQueuesError: fds mode hands the queues over in one message.
+func fdsQueuesError(queues int) error {
+	return invalid("queues", "%d is out of range 1-%d in \"handoff\" mode %q: one message carries at most %d fds; use \"handoff\": {\"mode\": %q} (up to %d) or fewer", queues, handoff.MaxFDs, HandoffFDs, handoff.MaxFDs, HandoffIntercept, MaxQueues)
+}
+
 // validateValues checks what ADD and CHECK act on.
 func (c *Config) validateValues() error {
 	if c.Queues < 1 || c.Queues > MaxQueues {
+		if c.HandoffMode == HandoffFDs {
+			return fdsQueuesError(c.Queues)
+		}
 		return invalid("queues", "%d is out of range 1-%d", c.Queues, MaxQueues)
 	}
 	if c.NAPIFrags && !c.NAPI {

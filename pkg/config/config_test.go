@@ -865,3 +865,31 @@ func TestDeleteLoadsWhatADDRejected(t *testing.T) {
 		wantCNIError(t, err, types.ErrInvalidNetworkConfig, "tapName")
 	})
 }
+
+// TestTheQueuesRangeSaysFdsModesBound: in fds mode one message carries at
+// most handoff.MaxFDs queues; the range error says that number, whether
+// Load or RequireConsistent (ADD, STATUS) finds it.
+func TestTheQueuesRangeSaysFdsModesBound(t *testing.T) {
+	tests := []struct {
+		name   string
+		extra  string
+		errHas string // "" accepted
+	}{
+		{"253 queues in fds mode are accepted", `"queues":253,"handoff":{"mode":"fds"}`, ""},
+		{"254 queues in fds mode are out of range 1-253", `"queues":254,"handoff":{"mode":"fds"}`, `out of range 1-253 in "handoff" mode "fds": one message carries at most 253 fds`},
+		{"300 queues in fds mode are out of range 1-253", `"queues":300,"handoff":{"mode":"fds"}`, `out of range 1-253 in "handoff" mode "fds"`},
+		{"300 queues in intercept mode are out of range 1-256", `"queues":300,"handoff":{"mode":"intercept"}`, "out of range 1-256"},
+		{"256 queues in intercept mode are accepted", `"queues":256,"handoff":{"mode":"intercept"}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := config.Load([]byte(conf(tc.extra)), att("net1"))
+			if err == nil {
+				err = c.RequireConsistent()
+			}
+			if tc.errHas == "" && err != nil || tc.errHas != "" && (err == nil || !strings.Contains(err.Error(), tc.errHas)) {
+				t.Errorf("Load and RequireConsistent: %v, want %q", err, tc.errHas)
+			}
+		})
+	}
+}
