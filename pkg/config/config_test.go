@@ -285,6 +285,8 @@ func TestLoadRefusesUnknownKeys(t *testing.T) {
 		name, extra, field, want string
 	}{
 		{"a misspelt queues is refused with the right spelling", `"queus":4`, "queus", `did you mean "queues"?`},
+		{"the tap plugin's multiQueue is refused with napitap's queues", `"multiQueue":true`, "multiQueue", `the reference tap plugin's; napitap takes "queues", a count`},
+		{"the tap plugin's selinuxContext is refused saying napitap takes none", `"selinuxContext":"system_u:system_r:container_t:s0"`, "selinuxContext", "the reference tap plugin's"},
 		{"a handoff with two letters swapped is refused", `"hadnoff":{"mode":"intercept"}`, "hadnoff", `did you mean "handoff"?`},
 		{"a key in the wrong case is refused with its case", `"Queues":4`, "Queues", `did you mean "queues"?`},
 		{"a misspelt key inside handoff is refused naming its path", `"handoff":{"mdoe":"intercept"}`, "handoff.mdoe", `did you mean "mode"?`},

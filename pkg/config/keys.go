@@ -34,12 +34,22 @@ func checkKeys(raw json.RawMessage, where string, t reflect.Type) error {
 			// when the key is blank or holds ": ".
 			name = where + fmt.Sprintf("%q", k)
 		}
+		if hint, ok := tapPluginKeys[k]; ok && where == "" {
+			return invalid(name, "unknown key: the reference tap plugin's; %s (docs/config.md, coming from the tap plugin)", hint)
+		}
 		if near := nearest(k, known); near != "" {
 			return invalid(name, "unknown key; did you mean %q?", near)
 		}
 		return invalid(name, "unknown key (known: %s)", strings.Join(known, ", "))
 	}
 	return nil
+}
+
+// tapPluginKeys are the reference tap plugin's keys napitap does not take,
+// with what to write instead: configs are often carried over from it.
+var tapPluginKeys = map[string]string{
+	"multiQueue":     `napitap takes "queues", a count (1: single-queue, more: multiqueue)`,
+	"selinuxContext": "napitap takes no SELinux context: its tap is made with the plugin's own",
 }
 
 // plainKey reports whether k is letters, digits, '_' and '-' only.
