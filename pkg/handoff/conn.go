@@ -109,6 +109,22 @@ func waitMsg(c *net.UnixConn) (int, error) {
 	return int(n), nil
 }
 
+// peerClosed: the peer has closed its end; what it sent can still be read.
+func peerClosed(c *net.UnixConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	hup := false
+	_ = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hup = fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP) != 0
+		}
+	})
+	return hup
+}
+
 func closeAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()

@@ -2,6 +2,7 @@ package handoff_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/syncbuf"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/tapsetup"
 	"golang.org/x/sys/unix"
@@ -658,4 +660,63 @@ func devNull(t testing.TB, n int) []*os.File {
 		files = append(files, f)
 	}
 	return files
+}
+
+// TestARequestWhoseCallerHungUpIsNotActedOn: a plugin that gave up while
+// napitapd was down (its ADD timed out) leaves its register in the
+// socket's backlog and undoes its tap. napitapd, back, reads it: it
+// registers nothing, keeps none of its fds, and logs no refusal.
+func TestARequestWhoseCallerHungUpIsNotActedOn(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	var log syncbuf.Buffer
+	srv, err := handoff.NewServer(filepath.Join(dir, "state"), slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "napitapd.sock")
+	l, err := handoff.Listen(socket, 0o660, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := nstest.New(t, "handoff")
+	key := handoff.Key{ContainerID: "gaveup", IfName: "net1"}
+	att := attachmentFor(pod, key, "net-a", "napihogu", 2)
+	queues := newTap(t, pod, att.TapName, 2, nil, nil)
+	markTap(t, att)
+
+	// napitapd is down: the connection waits in the backlog.
+	fd, err := dialSeqpacket(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(handoff.Request{Version: handoff.Version, Op: handoff.OpRegister, Attachment: att})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rights := unix.UnixRights(int(queues[0].Fd()), int(queues[1].Fd()))
+	if err := unix.Sendmsg(fd, b, rights, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	tapsetup.CloseQueues(queues)
+
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(l); close(done) }()
+	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
+	c := &handoff.Client{Socket: socket, Timeout: 10 * time.Second}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), "caller has hung up"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("napitapd never read the request:\n%s", log.String())
+		}
+	}
+	if _, ok := listed(t, c)[key]; ok {
+		t.Errorf("napitapd registered %s for a caller that had hung up", key)
+	}
+	if n, _ := tapQueues(t, pod, att.TapName); n != 0 {
+		t.Errorf("tap %s has %d queues attached: napitapd kept the fds of a request nobody waits for", att.TapName, n)
+	}
+	if strings.Contains(log.String(), "level=WARN") {
+		t.Errorf("napitapd logged a warning for it:\n%s", log.String())
+	}
 }

@@ -198,6 +198,17 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		}
 		var resp *Response
 		var out, closing []*os.File
+		if err == nil && peerClosed(conn) {
+			// A plugin that gave up (its ADD timed out while napitapd was
+			// down) left its request in the socket's backlog, and may have
+			// undone what it named since: nothing is done for it.
+			closeAll(files)
+			s.log.Info("a request whose caller has hung up: not acted on", "pid", cred.Pid)
+			if s.Observe != nil {
+				s.Observe("hung-up", CodeGone)
+			}
+			return
+		}
 		if err != nil {
 			if !errors.Is(err, errTruncated) {
 				return
@@ -344,9 +355,9 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 	// the netns at the path it names, marked as the key's, and every fd is
 	// a queue of that tap.
 	att.NetnsID, att.Held = id, len(files)
-	if err := s.checkTap(att); err != nil {
+	if perr := s.checkTap(att); perr != nil {
 		closeAll(files)
-		return errorf(CodeBadRequest, "%v", err)
+		return perr
 	}
 	for _, f := range files {
 		if err := isQueueOf(f, att); err != nil {
@@ -698,31 +709,40 @@ func (s *Server) Sweep() int {
 
 // checkTap: the attachment's tap is in its netns (the pod's, while the
 // path still holds the netns registered; the node's for a NodeTap) and
-// carries the attachment's mark.
-func (s *Server) checkTap(att *Attachment) error {
+// carries the attachment's mark. A tap or netns that is gone is
+// unavailable; one that is not the attachment's, a bad request.
+func (s *Server) checkTap(att *Attachment) *Error {
 	path := att.Netns
 	if att.NodeTap {
 		path = s.NodeNetns
 	}
+	var perr *Error
 	where := func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(att.TapName)
+		var nf netlink.LinkNotFoundError
 		switch {
+		case errors.As(err, &nf):
+			perr = errorf(CodeUnavailable, "attachment %s: no tap %q in netns %s", att.Key, att.TapName, path)
 		case err != nil:
-			return fmt.Errorf("attachment %s: tap %q in netns %s: %w", att.Key, att.TapName, path, err)
+			perr = errorf(CodeInternal, "attachment %s: tap %q in netns %s: %v", att.Key, att.TapName, path, err)
 		case !markedFor(link, att):
-			return fmt.Errorf("attachment %s: tap %q in netns %s is not marked as the attachment's (ifalias %q)", att.Key, att.TapName, path, link.Attrs().Alias)
+			perr = errorf(CodeBadRequest, "attachment %s: tap %q in netns %s is not marked as the attachment's (ifalias %q)", att.Key, att.TapName, path, link.Attrs().Alias)
 		}
 		return nil
 	}
+	var err error
 	if att.NodeTap {
-		return ns.WithNetNSPath(path, where)
+		err = ns.WithNetNSPath(path, where)
+	} else if netns := openSameNetns(att); netns == nil {
+		return errorf(CodeUnavailable, "attachment %s: netns %s is gone or changed while it was registered", att.Key, att.Netns)
+	} else {
+		defer netns.Close()
+		err = netns.Do(where)
 	}
-	netns := openSameNetns(att)
-	if netns == nil {
-		return fmt.Errorf("attachment %s: netns %s changed while it was registered", att.Key, att.Netns)
+	if err != nil {
+		return errorf(CodeInternal, "attachment %s: netns %s: %v", att.Key, path, err)
 	}
-	defer netns.Close()
-	return netns.Do(where)
+	return perr
 }
 
 // tapGone: the attachment's tap is not in the current netns, or not marked
