@@ -38,7 +38,7 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test deps-image build tools demo test unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release lint-workflows fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 
 all: build
 
@@ -72,6 +72,19 @@ test: deps-test build tools
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) deploy-test
 	$(MAKE) lint-workflows
+	$(MAKE) test-arm64
+
+# arm64: the four binaries cross-built, run under qemu-user, and the tests
+# that need no kernel objects (netns, taps, seccomp, which qemu-user does
+# not emulate) run through it: the config, and the seccomp filter as built
+# for arm64 (hack/deps.sh test installs qemu-user-static).
+ARM64_PKGS  = ./pkg/config ./pkg/buildinfo ./pkg/katadan
+ARM64_TESTS = '^(TestTheFilterNotifiesOnlyANativeTUNSETIFFOnEveryArch|TestTheArchTableAgreesWithThisBuild)$$'
+test-arm64: deps-test
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/arm64/ ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
+	for b in napitapd napitap-fdstore napitapctl; do qemu-aarch64-static $(BIN)/arm64/$$b --version; done
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static $(ARM64_PKGS)
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static -run $(ARM64_TESTS) ./pkg/seccompagent
 
 # .github/workflows, checked as GitHub would run them.
 ACTIONLINT ?= github.com/rhysd/actionlint/cmd/actionlint@v1.7.12

@@ -14,7 +14,8 @@
 #                       no service is set up on the node), an image
 #                       builder (deploy/test builds the image), and gcc
 #                       (cgo: the tests' attacker unshares its user
-#                       namespace before Go starts, internal/ownuserns)
+#                       namespace before Go starts, internal/ownuserns),
+#                       and qemu-user-static (make test-arm64)
 #   hack/deps.sh image  an image builder for make image: docker with an engine
 #                       behind it, podman or buildah; where none works, Debian's
 #                       buildah (a docker client alone is no builder)
@@ -67,6 +68,7 @@ test)
 	need_cmd virsh libvirt-clients
 	need_cmd xmllint libxml2-utils
 	need_cmd gcc gcc
+	need_cmd qemu-aarch64-static qemu-user-static
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
