@@ -232,6 +232,8 @@ func (a *Agent) serve(l Listener, s *slot) {
 	a.mu.Unlock()
 	sock := newNetnsSocket()
 	defer sock.close()
+	var sysf syscallFile
+	defer sysf.close()
 	recent := recentAttaches{}
 	var own ownTaps
 	if l.OwnTaps {
@@ -251,7 +253,7 @@ func (a *Agent) serve(l Listener, s *slot) {
 	// whether a dead napitapd left it there or RECV just wrote it.
 	attachedAt := time.Time{} // of the slot's record, while it may be wanted
 	confirmAndAnswer := func(fd int, n *seccompNotif, confirmed string) {
-		gone, err := confirmReceived(fd, n)
+		gone, err := confirmReceived(fd, n, &sysf)
 		switch {
 		case gone:
 			// Its caller left the call and makes it again: a new one.

@@ -89,17 +89,11 @@ var errRunning = errors.New("the thread is running")
 // caller is waited for, briefly (yielding first: it is about to sleep).
 // gone: the notification is no longer pending (a signal took its caller
 // out of the call), and there is nothing to answer.
-func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
-	f, err := openSyscall(n.Pid)
-	if err != nil {
-		return !notifIDValid(listener, n.ID), err
-	}
-	defer f.Close()
+func confirmReceived(listener int, n *seccompNotif, sf *syscallFile) (gone bool, err error) {
 	var buf [256]byte
 	for i := range 2000 {
 		var k int
-		// At offset 0 /proc makes the file anew.
-		if k, err = f.ReadAt(buf[:], 0); err == nil || errors.Is(err, io.EOF) {
+		if k, err = sf.read(n.Pid, buf[:]); err == nil {
 			err = confirmPending(n, buf[:k])
 		}
 		if err == nil {
@@ -118,6 +112,45 @@ func confirmReceived(listener int, n *seccompNotif) (gone bool, err error) {
 		}
 	}
 	return false, err
+}
+
+// syscallFile is a listener's /proc/TID/syscall of the thread it last
+// confirmed a notification of: a VMM opens its queues one after another
+// from one thread, and opening the file (as its owner) costs more than
+// reading it. The listener's goroutine alone uses it, and closes it.
+type syscallFile struct {
+	tid uint32
+	f   *os.File
+}
+
+// read reads tid's file at offset 0, where /proc makes it anew. A kept
+// file whose thread has exited (its tid perhaps another thread's now)
+// fails, and the file is opened again.
+func (s *syscallFile) read(tid uint32, buf []byte) (int, error) {
+	for kept := s.f != nil && s.tid == tid; ; kept = false {
+		if !kept {
+			s.close()
+			f, err := openSyscall(tid)
+			if err != nil {
+				return 0, err
+			}
+			s.tid, s.f = tid, f
+		}
+		k, err := s.f.ReadAt(buf, 0)
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if err == nil || !kept {
+			return k, err
+		}
+	}
+}
+
+func (s *syscallFile) close() {
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
 }
 
 // openSyscall opens /proc/TID/syscall. The file is mode 0400 and its
