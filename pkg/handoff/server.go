@@ -347,6 +347,9 @@ func (s *Server) register(att *Attachment, files []*os.File) *Error {
 			return errorf(CodeBadRequest, "attachment %s: tap %q is in netns %d and napitapd in %d: run napitapd in the node's netns (hostNetwork)", att.Key, att.TapName, att.TapNetnsID, nodeID)
 		}
 	}
+	// Asked again under the lock below; asked first so that a key that
+	// exists is told so before the kernel checks, which cost rtnl and a
+	// netns switch.
 	if s.registered(att.Key) {
 		closeAll(files)
 		return errorf(CodeExists, "attachment %s is already registered", att.Key)
