@@ -54,8 +54,22 @@ deps-test:
 deps-image:
 	./hack/deps.sh image
 
+# The four binaries every image and release holds, static.
+BINARIES  := ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
+# The platforms make image and make release build for: one manifest list,
+# one set of binaries each. This machine's land in $(BIN)/, the others' in
+# $(BIN)/linux-ARCH/ (make build-ARCH).
+PLATFORMS ?= linux/amd64,linux/arm64
+comma     := ,
+HOST_ARCH := $(shell $(GO) env GOARCH)
+ARCHES     = $(patsubst linux/%,%,$(subst $(comma), ,$(PLATFORMS)))
+CROSS_ARCHES = $(filter-out $(HOST_ARCH),$(ARCHES))
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(BINARIES)
+
+build-%:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/linux-$*/ $(BINARIES)
 
 tools:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(TOOLS)
@@ -76,13 +90,14 @@ test: deps-test build tools
 
 # arm64: the four binaries cross-built, run under qemu-user, and the tests
 # that need no kernel objects (netns, taps, seccomp, which qemu-user does
-# not emulate) run through it: the config, and the seccomp filter as built
-# for arm64 (hack/deps.sh test installs qemu-user-static).
-ARM64_PKGS  = ./pkg/config ./pkg/buildinfo ./pkg/katadan
+# not emulate) run through it: the config, the seccomp profiles as a node
+# of that arch renders them (their architectures, KubeVirt's parity), and
+# the agent's filter as built for arm64 (hack/deps.sh test installs
+# qemu-user-static).
+ARM64_PKGS  = ./pkg/config ./pkg/buildinfo ./pkg/katadan ./pkg/seccompprofile
 ARM64_TESTS = '^(TestTheFilterNotifiesOnlyANativeTUNSETIFFOnEveryArch|TestTheArchTableAgreesWithThisBuild)$$'
-test-arm64: deps-test
-	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/arm64/ ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
-	for b in napitapd napitap-fdstore napitapctl; do qemu-aarch64-static $(BIN)/arm64/$$b --version; done
+test-arm64: deps-test build-arm64
+	for b in napitapd napitap-fdstore napitapctl; do qemu-aarch64-static $(BIN)/linux-arm64/$$b --version; done
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static $(ARM64_PKGS)
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static -run $(ARM64_TESTS) ./pkg/seccompagent
 
@@ -125,14 +140,16 @@ e2e-kind:
 # an engine behind it, podman, buildah (hack/deps.sh image installs buildah
 # where none does). From the binaries `make build` made, through the build
 # context "bin": no registry needed, and the image runs what the tests ran.
-# IMAGE_FROM=source compiles them in the Dockerfile's Go image instead
-# (pulled); IMAGE_ARCHIVE=PATH also writes an OCI archive for `ctr images
-# import`; IMAGE_BUILDER=docker|podman|buildah picks the builder.
+# One image per platform of PLATFORMS, under one manifest list named
+# IMAGE. IMAGE_FROM=source compiles them in the Dockerfile's Go image
+# instead (pulled); IMAGE_ARCHIVE=PATH also writes an OCI archive of the
+# list for `ctr images import`; IMAGE_BUILDER=docker|podman|buildah picks
+# the builder.
 IMAGE_FROM    ?= bin
 IMAGE_ARCHIVE ?=
 IMAGE_BUILDER ?=
-image: deps-image $(if $(filter bin,$(IMAGE_FROM)),build)
-	IMAGE='$(IMAGE)' IMAGE_FROM='$(IMAGE_FROM)' IMAGE_ARCHIVE='$(IMAGE_ARCHIVE)' \
+image: deps-image $(if $(filter bin,$(IMAGE_FROM)),build $(addprefix build-,$(CROSS_ARCHES)))
+	IMAGE='$(IMAGE)' IMAGE_FROM='$(IMAGE_FROM)' IMAGE_ARCHIVE='$(IMAGE_ARCHIVE)' PLATFORMS='$(PLATFORMS)' \
 		IMAGE_BUILDER='$(IMAGE_BUILDER)' BIN='$(BIN)' VERSION='$(VERSION)' ./hack/image.sh build
 
 print-image:
@@ -147,7 +164,8 @@ deploy-manifests:
 
 # A release under release/VERSION/: the image as an OCI archive tagged
 # ghcr.io/napitap/napitap:VERSION, deploy/ and its overlays rendered with
-# that tag, the four static binaries (reporting VERSION), and SHA256SUMS.
+# that tag, the four static binaries (reporting VERSION) of each platform
+# as napitap-linux-ARCH-VERSION.tgz, and SHA256SUMS.
 # VERSION=vX.Y.Z, the VERSION file's, which the tracked manifests name.
 RELEASE_DIR = release/$(VERSION)
 RELEASE_IMAGE = ghcr.io/napitap/napitap:$(VERSION)
@@ -159,7 +177,8 @@ release:
 	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) MANIFESTS=$(RELEASE_DIR)/napitap.yaml
 	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) DEPLOY=deploy/overlays/kata MANIFESTS=$(RELEASE_DIR)/napitap-kata.yaml
 	$(MAKE) deploy-manifests IMAGE=$(RELEASE_IMAGE) DEPLOY=deploy/overlays/nonroot-vmm MANIFESTS=$(RELEASE_DIR)/napitap-nonroot-vmm.yaml
-	cp $(BIN)/napitap $(BIN)/napitapd $(BIN)/napitapctl $(BIN)/napitap-fdstore $(RELEASE_DIR)/
+	for a in $(ARCHES); do d=$(BIN); [ $$a = $(HOST_ARCH) ] || d=$(BIN)/linux-$$a; \
+		tar -C $$d --owner=0 --group=0 -czf $(RELEASE_DIR)/napitap-linux-$$a-$(VERSION).tgz napitap napitapd napitap-fdstore napitapctl || exit 1; done
 	cd $(RELEASE_DIR) && sha256sum * > SHA256SUMS
 	@ls -l $(RELEASE_DIR)
 

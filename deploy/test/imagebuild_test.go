@@ -74,19 +74,54 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 	out := makeVar(t, "image", "IMAGE="+ref, "IMAGE_ARCHIVE="+archive)
 	t.Logf("make image (%s) in %v:\n%s", strings.TrimSpace(string(builder)), time.Since(start).Round(time.Millisecond), lastLines(out, 3))
 	t.Cleanup(func() {
-		b := strings.TrimSpace(string(builder))
-		if out, err := exec.Command(b, "rmi", ref).CombinedOutput(); err != nil {
-			t.Logf("%s rmi %s: %v: %s", b, ref, err, out)
+		if out, err := exec.Command(filepath.Join(repoRoot, "hack", "image.sh"), "rm", ref).CombinedOutput(); err != nil {
+			t.Logf("hack/image.sh rm %s: %v: %s", ref, err, out)
 		}
 	})
 
-	img := readOCIArchive(t, archive)
+	imgs := readOCIArchive(t, archive)
+	if got := slices.Sorted(maps.Keys(imgs)); !slices.Equal(got, imagePlatforms) {
+		t.Errorf("the archive's platforms are %q, want %q (make image's PLATFORMS)", got, imagePlatforms)
+	}
+	for platform, img := range imgs {
+		checkImage(t, platform, img)
+	}
+	t.Logf("image %s: %s, archive %d bytes", ref, imageSizes(imgs), fileSize(t, archive))
+
+	// The node's side: ctr images import, as deploy/README.md says.
+	ctd := startContainerd(t)
+	start = time.Now()
+	const ns = "napitap-image-test"
+	if out, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "import", archive).CombinedOutput(); err != nil {
+		t.Fatalf("ctr images import: %v\n%s", err, out)
+	} else {
+		t.Logf("ctr images import in %v: %s", time.Since(start).Round(time.Millisecond), bytes.TrimSpace(out))
+	}
+	ls, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "ls").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr images ls: %v\n%s", err, ls)
+	}
+	if !slices.ContainsFunc(strings.Split(string(ls), "\n"), func(l string) bool { return strings.HasPrefix(l, ref+" ") }) {
+		t.Errorf("containerd does not list %s after the import:\n%s", ref, ls)
+	}
+	t.Logf("containerd's view:\n%s", bytes.TrimSpace(ls))
+}
+
+// imagePlatforms are the platforms make image builds by default
+// (the Makefile's PLATFORMS), sorted.
+var imagePlatforms = []string{"linux/amd64", "linux/arm64"}
+
+// checkImage checks one platform's image of the archive: napitapd as the
+// entrypoint, the binaries make build or make build-ARCH made for that
+// platform where the DaemonSet runs them, and nothing else.
+func checkImage(t *testing.T, platform string, img *ociImage) {
+	t.Helper()
 	cfg := img.config.Config
 	if !slices.Equal(cfg.Entrypoint, []string{"/usr/local/bin/napitapd"}) || len(cfg.Cmd) != 0 || cfg.User != "0:0" {
-		t.Errorf("config: entrypoint %q, cmd %q, user %q; want napitapd, no cmd, 0:0", cfg.Entrypoint, cfg.Cmd, cfg.User)
+		t.Errorf("%s: config: entrypoint %q, cmd %q, user %q; want napitapd, no cmd, 0:0", platform, cfg.Entrypoint, cfg.Cmd, cfg.User)
 	}
-	if img.config.OS != "linux" || img.config.Architecture != runtime.GOARCH {
-		t.Errorf("platform %s/%s, make build built linux/%s", img.config.OS, img.config.Architecture, runtime.GOARCH)
+	if p := img.config.OS + "/" + img.config.Architecture; p != platform {
+		t.Errorf("%s: the image's config says %s", platform, p)
 	}
 	var files []string
 	for name, f := range img.files {
@@ -102,7 +137,7 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 	want := slices.Sorted(maps.Keys(imageFiles))
 	want = slices.Sorted(slices.Values(append(want, slices.Collect(maps.Keys(imageScripts))...)))
 	if !slices.Equal(files, want) {
-		t.Errorf("the image's files are %q, want only %q: no shell, nothing else", files, want)
+		t.Errorf("%s: the image's files are %q, want only %q: no shell, nothing else", platform, files, want)
 	}
 	for p, src := range imageScripts {
 		f, ok := img.files[p]
@@ -128,36 +163,32 @@ func TestMakeImageBuildsWithNoRegistryAndContainerdImportsIt(t *testing.T) {
 		if execOnly := strings.HasPrefix(p, "usr/local/bin/"); execOnly && f.mode&0o7777 != 0o111 {
 			t.Errorf("/%s: mode %o, want 0111 (execute-only: not dumpable from exec on)", p, f.mode&0o7777)
 		}
-		local, err := os.ReadFile(filepath.Join(repoRoot, "bin", bin))
+		built := filepath.Join("bin", bin)
+		if platform != "linux/"+runtime.GOARCH {
+			built = filepath.Join("bin", strings.Replace(platform, "/", "-", 1), bin)
+		}
+		local, err := os.ReadFile(filepath.Join(repoRoot, built))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if sha256.Sum256(local) != sha256.Sum256(f.data) {
-			t.Errorf("/%s is not bin/%s, which make image built it from", p, bin)
+			t.Errorf("%s: /%s is not %s, which make image built it from", platform, p, built)
 		}
 		if interp := elfInterpreter(t, p, f.data); interp != "" {
 			t.Errorf("/%s is dynamically linked (%s), which an empty image cannot run", p, interp)
 		}
+		if m := elfMachine(t, f.data); m != elfMachines[platform] {
+			t.Errorf("%s: /%s is built for %v", platform, p, m)
+		}
 	}
-	t.Logf("image %s: %d bytes of files, archive %d bytes", ref, img.size, fileSize(t, archive))
+}
 
-	// The node's side: ctr images import, as deploy/README.md says.
-	ctd := startContainerd(t)
-	start = time.Now()
-	const ns = "napitap-image-test"
-	if out, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "import", archive).CombinedOutput(); err != nil {
-		t.Fatalf("ctr images import: %v\n%s", err, out)
-	} else {
-		t.Logf("ctr images import in %v: %s", time.Since(start).Round(time.Millisecond), bytes.TrimSpace(out))
+func imageSizes(imgs map[string]*ociImage) string {
+	var s []string
+	for _, p := range slices.Sorted(maps.Keys(imgs)) {
+		s = append(s, fmt.Sprintf("%s %d bytes of files", p, imgs[p].size))
 	}
-	ls, err := exec.Command("ctr", "-a", ctd, "-n", ns, "images", "ls").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ctr images ls: %v\n%s", err, ls)
-	}
-	if !slices.ContainsFunc(strings.Split(string(ls), "\n"), func(l string) bool { return strings.HasPrefix(l, ref+" ") }) {
-		t.Errorf("containerd does not list %s after the import:\n%s", ref, ls)
-	}
-	t.Logf("containerd's view:\n%s", bytes.TrimSpace(ls))
+	return strings.Join(s, ", ")
 }
 
 func lastLines(s string, n int) string {
@@ -198,9 +229,17 @@ type imageFile struct {
 type descriptor struct {
 	MediaType string `json:"mediaType"`
 	Digest    string `json:"digest"`
+	Platform  *struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+	} `json:"platform,omitempty"`
 }
 
-func readOCIArchive(t *testing.T, archive string) *ociImage {
+// ociIndex is the media type of an OCI image index (a manifest list).
+const ociIndex = "application/vnd.oci.image.index.v1+json"
+
+// readOCIArchive is an OCI archive of one image index, by platform.
+func readOCIArchive(t *testing.T, archive string) map[string]*ociImage {
 	t.Helper()
 	f, err := os.Open(archive)
 	if err != nil {
@@ -235,14 +274,31 @@ func readOCIArchive(t *testing.T, archive string) *ociImage {
 		return b
 	}
 	var index struct{ Manifests []descriptor }
-	if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 {
-		t.Fatalf("%s: index.json: %v, %d manifests, want an OCI archive of one image", archive, err, len(index.Manifests))
+	if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 || index.Manifests[0].MediaType != ociIndex {
+		t.Fatalf("%s: index.json: %v, %d manifests, want an OCI archive of one image index", archive, err, len(index.Manifests))
 	}
+	var list struct{ Manifests []descriptor }
+	if err := json.Unmarshal(blob(index.Manifests[0]), &list); err != nil {
+		t.Fatalf("%s: image index: %v", archive, err)
+	}
+	imgs := map[string]*ociImage{}
+	for _, m := range list.Manifests {
+		if m.Platform == nil {
+			t.Fatalf("%s: image %s names no platform", archive, m.Digest)
+		}
+		imgs[m.Platform.OS+"/"+m.Platform.Architecture] = readOCIImage(t, archive, blob(m), blob)
+	}
+	return imgs
+}
+
+// readOCIImage is one image of an archive, from its manifest.
+func readOCIImage(t *testing.T, archive string, manifestBlob []byte, blob func(descriptor) []byte) *ociImage {
+	t.Helper()
 	var manifest struct {
 		Config descriptor
 		Layers []descriptor
 	}
-	if err := json.Unmarshal(blob(index.Manifests[0]), &manifest); err != nil {
+	if err := json.Unmarshal(manifestBlob, &manifest); err != nil {
 		t.Fatalf("%s: manifest: %v", archive, err)
 	}
 	img := &ociImage{files: map[string]imageFile{}}
@@ -252,6 +308,7 @@ func readOCIArchive(t *testing.T, archive string) *ociImage {
 	for _, l := range manifest.Layers {
 		var r io.Reader = bytes.NewReader(blob(l))
 		if strings.HasSuffix(l.MediaType, "gzip") {
+			var err error
 			if r, err = gzip.NewReader(r); err != nil {
 				t.Fatalf("layer %s: %v", l.Digest, err)
 			}
@@ -279,6 +336,18 @@ func readOCIArchive(t *testing.T, archive string) *ociImage {
 		}
 	}
 	return img
+}
+
+// elfMachines are the ELF machine of each platform's binaries.
+var elfMachines = map[string]elf.Machine{"linux/amd64": elf.EM_X86_64, "linux/arm64": elf.EM_AARCH64}
+
+func elfMachine(t *testing.T, b []byte) elf.Machine {
+	t.Helper()
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return elf.EM_NONE
+	}
+	return f.Machine
 }
 
 // elfInterpreter is the program interpreter an ELF binary asks for, empty
@@ -392,4 +461,81 @@ disabled_plugins = [
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// `make release` holds, for every platform of the image, a tarball of the
+// four static binaries built for it and reporting the release, the image's
+// archive, the rendered manifests, and SHA256SUMS over all of them.
+func TestMakeReleaseHoldsEveryPlatformAndSumsIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		cannot(t, "building the release's image needs root")
+	}
+	if _, err := exec.Command(filepath.Join(repoRoot, "hack", "image.sh"), "builder").Output(); err != nil {
+		cannot(t, "no image builder here (hack/deps.sh image installs buildah)")
+	}
+	version := strings.TrimSpace(string(must(os.ReadFile(filepath.Join(repoRoot, "VERSION")))))
+	image := "ghcr.io/napitap/napitap:" + version
+	// The release's image is the product's own name: put back whatever
+	// the builder held under it before, by removing only what this made.
+	if had, _ := exec.Command("buildah", "images", "-q", image).Output(); len(bytes.TrimSpace(had)) == 0 {
+		t.Cleanup(func() { exec.Command(filepath.Join(repoRoot, "hack", "image.sh"), "rm", image).Run() })
+	}
+	dir, bin := filepath.Join(t.TempDir(), "release"), filepath.Join(t.TempDir(), "bin")
+	makeVar(t, "release", "VERSION="+version, "RELEASE_DIR="+dir, "BIN="+bin)
+
+	var files []string
+	for _, e := range must(os.ReadDir(dir)) {
+		files = append(files, e.Name())
+	}
+	want := []string{"SHA256SUMS", "napitap-image-" + version + ".tar", "napitap-kata.yaml"}
+	for _, p := range imagePlatforms {
+		want = append(want, "napitap-"+strings.Replace(p, "/", "-", 1)+"-"+version+".tgz")
+	}
+	want = slices.Sorted(slices.Values(append(want, "napitap-nonroot-vmm.yaml", "napitap.yaml")))
+	if !slices.Equal(files, want) {
+		t.Errorf("the release holds %q, want %q", files, want)
+	}
+	sums := exec.Command("sha256sum", "--check", "--strict", "SHA256SUMS")
+	sums.Dir = dir
+	if out, err := sums.CombinedOutput(); err != nil || strings.Count(string(out), ": OK\n") != len(want)-1 {
+		t.Errorf("sha256sum --check SHA256SUMS: %v\n%s", err, out)
+	}
+	for _, p := range imagePlatforms {
+		name := "napitap-" + strings.Replace(p, "/", "-", 1) + "-" + version + ".tgz"
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		defer f.Close()
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var got []string
+		tr := tar.NewReader(zr)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			data := must(io.ReadAll(tr))
+			got = append(got, h.Name)
+			if m := elfMachine(t, data); m != elfMachines[p] || !bytes.Contains(data, []byte(version)) {
+				t.Errorf("%s: %s is built for %v, or does not hold the version %s", name, h.Name, m, version)
+			}
+		}
+		if slices.Sort(got); !slices.Equal(got, []string{"napitap", "napitap-fdstore", "napitapctl", "napitapd"}) {
+			t.Errorf("%s holds %q, want the four binaries", name, got)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

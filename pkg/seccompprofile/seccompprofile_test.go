@@ -2,6 +2,7 @@ package seccompprofile_test
 
 import (
 	"encoding/json"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -10,6 +11,15 @@ import (
 
 	"github.com/napitap/napitap/pkg/seccompprofile"
 )
+
+// nativeArches are the seccomp architectures a profile rendered on a node
+// of each GOARCH must name, sorted: the native one and its compat ones, as the
+// runtime's own default profile lists them (make test-arm64 runs this
+// test built for arm64, under qemu-user).
+var nativeArches = map[string][]specs.Arch{
+	"amd64": {specs.ArchX32, specs.ArchX86, specs.ArchX86_64},
+	"arm64": {specs.ArchAARCH64, specs.ArchARM},
+}
 
 func TestRenderedProfilesNotifyOnlyTUNSETIFF(t *testing.T) {
 	for _, kind := range seccompprofile.Kinds {
@@ -20,6 +30,9 @@ func TestRenderedProfilesNotifyOnlyTUNSETIFF(t *testing.T) {
 			}
 			if p.DefaultAction != specs.ActErrno || p.ListenerPath != "/run/napitap/seccomp.sock" || p.ListenerMetadata != kind {
 				t.Errorf("default %s, listener %q, metadata %q", p.DefaultAction, p.ListenerPath, p.ListenerMetadata)
+			}
+			if want, got := nativeArches[runtime.GOARCH], slices.Sorted(slices.Values(p.Architectures)); !slices.Equal(got, want) {
+				t.Errorf("built for %s, the profile names the architectures %v, want %v", runtime.GOARCH, got, want)
 			}
 			var notify, ioctlRules int
 			for _, r := range p.Syscalls {

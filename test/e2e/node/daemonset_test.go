@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"regexp"
 	"slices"
 	"strconv"
@@ -150,7 +151,8 @@ func buildImage(t *testing.T, repo, ref, goflags string) string {
 	args := []string{"-C", repo, "image", "IMAGE=" + ref, "IMAGE_ARCHIVE=" + archive}
 	if goflags != "" {
 		// A bin dir of its own: make build's bin/ stays the shipped build.
-		args = append(args, "BIN="+filepath.Join(t.TempDir(), "bin"))
+		// Only this node's platform: the faults build runs here alone.
+		args = append(args, "BIN="+filepath.Join(t.TempDir(), "bin"), "PLATFORMS=linux/"+runtime.GOARCH)
 	}
 	cmd := exec.Command("make", args...)
 	cmd.Env = append(os.Environ(), "GOFLAGS="+goflags)
@@ -165,14 +167,11 @@ func buildImage(t *testing.T, repo, ref, goflags string) string {
 		}
 	}
 	t.Logf("make image %s in %v:\n%s", ref, time.Since(start).Round(time.Millisecond), strings.Join(size, "\n"))
-	builder, err := exec.Command(filepath.Join(repo, "hack", "image.sh"), "builder").Output()
-	if b := strings.TrimSpace(string(builder)); err == nil {
-		t.Cleanup(func() {
-			if out, err := exec.Command(b, "rmi", ref).CombinedOutput(); err != nil {
-				t.Logf("cleanup: %s rmi %s: %v: %s", b, ref, err, out)
-			}
-		})
-	}
+	t.Cleanup(func() {
+		if out, err := exec.Command(filepath.Join(repo, "hack", "image.sh"), "rm", ref).CombinedOutput(); err != nil {
+			t.Logf("cleanup: hack/image.sh rm %s: %v: %s", ref, err, out)
+		}
+	})
 	return archive
 }
 
