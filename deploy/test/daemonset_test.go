@@ -379,13 +379,14 @@ func finalStage(dockerfile string) []string {
 	return stage
 }
 
-// copiedTo: a "COPY --from=bin /FILE ... DEST" line of the final stage puts
-// FILE at p (the stage "bin" holds the binaries at its root).
+// copiedTo: a "COPY --from=platform /FILE ... DEST" line of the final stage
+// puts FILE at p (the stage "platform" holds the target's binaries at its
+// root).
 func copiedTo(dockerfile, p string) bool {
 	dir, file := path.Split(p)
 	for _, l := range finalStage(dockerfile) {
 		f := strings.Fields(l)
-		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=bin" {
+		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=platform" {
 			continue
 		}
 		dst := f[len(f)-1]
