@@ -138,6 +138,10 @@ func (a *Agent) add(fd int, l Listener) error {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		return fail("%w", err)
 	}
+	if err := notifSyncWakeUp(fd); err != nil {
+		// Only slower for it.
+		a.log.Warn("seccomp listener: no synchronous wake-ups", "listener", l.Origin, "err", err)
+	}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
