@@ -395,6 +395,10 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	err := notifSend(listener, n.ID, v.errno, v.cont)
+	// The caller now waits on this CPU (notifSyncWakeUp) for as long as
+	// this thread runs on, through what follows and Go's parking: let it
+	// run first.
+	schedYield()
 	switch {
 	case v.queue != nil:
 		// Even when the answer went out: a signal may have crossed it.

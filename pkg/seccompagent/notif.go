@@ -79,6 +79,10 @@ func notifSyncWakeUp(listener int) error {
 	return fmt.Errorf("SECCOMP_IOCTL_NOTIF_SET_FLAGS: %w", errno)
 }
 
+// schedYield gives the CPU to any task waiting for it, the thread staying
+// runnable; Go has no call for it (runtime.Gosched yields the goroutine).
+func schedYield() { unix.RawSyscallNoError(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
 // notifIDValid reports whether the caller of notification id is still
 // blocked in it: what was read about the caller since RECV (its memory,
 // its /proc entries, its pidfd) was then really the caller's.
