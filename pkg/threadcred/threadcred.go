@@ -84,10 +84,10 @@ func Run(c Creds, fn func() error) (err error) {
 }
 
 // creds are a thread's credentials as far as Run changes them. Each call
-// changes only what differs: every set*id, setgroups and capset makes
-// the kernel copy and commit a new struct cred, and a caller of napitapd's
-// own gid and groups (root, uid 107 with gid 107 and no groups) needs
-// half of them or fewer.
+// changes only what differs: every set*id, setgroups and capset is a
+// system call that makes the kernel copy and commit a struct cred, and a
+// root caller, or uid 107 without groups (KubeVirt's QEMU), needs half of
+// them or fewer.
 type creds struct {
 	uid, gid  uint32
 	groups    []uint32
