@@ -39,27 +39,39 @@ type Creds struct {
 }
 
 // Thread reads the credentials of the thread tid as they are now, NetAdmin
-// over the netns netnsFD (-1: none asked), without its supplementary
+// over the netns netns (nil: none asked), without its supplementary
 // groups (GroupsRead false): its euid and egid from pidfd, a pidfd of
 // that thread (PIDFD_GET_INFO, Linux 6.13), its capabilities from
 // capget(2). A kernel without PIDFD_GET_INFO gets /proc/TID/status read,
 // groups included. The caller confirms afterwards that tid is still the
 // thread it means (the seccomp agent's SECCOMP_IOCTL_NOTIF_ID_VALID).
-func Thread(tid, pidfd, netnsFD int) (Creds, error) {
+//
+// A thread with no effective capability is not looked up in its user
+// namespace unless the netns's owners make it matter: without one, it has
+// a capability over the netns only as the owner of one of its user
+// namespaces, and in napitapd's none.
+func Thread(tid, pidfd int, netns *Netns) (Creds, error) {
 	info := pidfdInfo{Mask: pidfdInfoCreds}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), pidfdGetInfo, uintptr(unsafe.Pointer(&info))); errno != 0 {
 		if errno != unix.ENOTTY && errno != unix.EINVAL {
 			return Creds{}, goneOr(fmt.Errorf("PIDFD_GET_INFO: %w", errno))
 		}
-		c, err := readCreds(tid, netnsFD)
+		c, err := readCreds(tid, netns)
 		return c, goneOr(err)
 	}
-	c, err := capsOf(tid)
+	c, err := capget(tid)
 	if err != nil {
 		return c, goneOr(err)
 	}
 	c.EUID, c.EGID = info.Euid, info.Egid
-	return c, goneOr(c.netAdmin(netnsFD))
+	if c.CapEff == 0 && !netns.ownedBy(c.EUID) {
+		return c, nil
+	}
+	if err := c.judge(tid); err != nil {
+		return c, goneOr(err)
+	}
+	c.netAdmin(netns)
+	return c, nil
 }
 
 // ThreadGroups reads the supplementary groups of the thread tid.
@@ -73,11 +85,11 @@ func ThreadGroups(tid int) ([]uint32, error) {
 }
 
 // Own is this process's credentials.
-func Own() (Creds, error) { return readCreds(os.Getpid(), -1) }
+func Own() (Creds, error) { return readCreds(os.Getpid(), nil) }
 
 // readCreds reads pid's status and user namespace, and judges its
 // capabilities.
-func readCreds(pid, netnsFD int) (Creds, error) {
+func readCreds(pid int, netns *Netns) (Creds, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return Creds{}, err
@@ -90,7 +102,8 @@ func readCreds(pid, netnsFD int) (Creds, error) {
 	if err := c.judge(pid); err != nil {
 		return c, err
 	}
-	return c, c.netAdmin(netnsFD)
+	c.netAdmin(netns)
+	return c, nil
 }
 
 // struct pidfd_info of include/uapi/linux/pidfd.h (Linux 6.13), as far as
@@ -110,35 +123,71 @@ const (
 	pidfdGetInfo   = 3<<30 | uintptr(unsafe.Sizeof(pidfdInfo{}))<<16 | 0xff<<8 | 11
 )
 
-// netAdmin sets InitNetAdmin, and NetAdmin over the netns netnsFD (-1:
-// none asked), from the capabilities judge found.
-func (c *Creds) netAdmin(netnsFD int) error {
-	c.InitNetAdmin = c.napitapdCaps&(1<<unix.CAP_NET_ADMIN) != 0
-	if netnsFD >= 0 {
-		owner, err := unix.IoctlRetInt(netnsFD, unix.NS_GET_USERNS)
-		if err != nil {
-			return fmt.Errorf("NS_GET_USERNS: %w", err)
-		}
-		caps, err := c.capsOver(owner)
-		unix.Close(owner)
-		if err != nil {
-			return err
-		}
-		c.NetAdmin = caps&(1<<unix.CAP_NET_ADMIN) != 0
+// Netns is what a capability over a network namespace is judged by: the
+// user namespace that owns it and that one's ancestors, as far up as
+// napitapd sees, each with the uid that made it. None of that changes
+// while the netns lives, so one Netns serves every question about that
+// netns (the seccomp agent keeps it by the netns's id, which the kernel
+// never gives another).
+type Netns struct{ owners userNSChain }
+
+// NetnsOf reads the owners of the netns nsfd.
+func NetnsOf(nsfd int) (*Netns, error) {
+	owner, err := unix.IoctlRetInt(nsfd, unix.NS_GET_USERNS)
+	if err != nil {
+		return nil, fmt.Errorf("NS_GET_USERNS: %w", err)
 	}
-	return nil
+	chain, err := chainOf(owner)
+	unix.Close(owner)
+	if err != nil {
+		return nil, fmt.Errorf("owners of the netns: %w", err)
+	}
+	return &Netns{chain}, nil
+}
+
+// ownedBy: the netns has an owner below the top napitapd sees that uid
+// made, so that a process of that uid in the owner's parent has every
+// capability over the netns.
+func (n *Netns) ownedBy(uid uint32) bool {
+	if n == nil {
+		return false
+	}
+	for _, ns := range n.owners[:max(len(n.owners)-1, 0)] {
+		if ns.owner == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// netAdmin sets InitNetAdmin, and NetAdmin over netns (nil: none asked),
+// from the capabilities judge found.
+func (c *Creds) netAdmin(netns *Netns) {
+	c.InitNetAdmin = c.napitapdCaps&(1<<unix.CAP_NET_ADMIN) != 0
+	if netns != nil {
+		c.NetAdmin = c.capsOver(netns.owners)&(1<<unix.CAP_NET_ADMIN) != 0
+	}
 }
 
 // capsOf is pid's uid-free credentials without opening a file: its
 // effective capabilities (capget(2)) judged in its user namespace.
 func capsOf(pid int) (Creds, error) {
+	c, err := capget(pid)
+	if err != nil {
+		return c, err
+	}
+	return c, c.judge(pid)
+}
+
+// capget is pid's effective capabilities, as they hold in its own user
+// namespace.
+func capget(pid int) (Creds, error) {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3, Pid: int32(pid)}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return Creds{}, fmt.Errorf("capget: %w", err)
 	}
-	c := Creds{CapEff: uint64(data[1].Effective)<<32 | uint64(data[0].Effective)}
-	return c, c.judge(pid)
+	return Creds{CapEff: uint64(data[1].Effective)<<32 | uint64(data[0].Effective)}, nil
 }
 
 // judge finds pid's user namespace and the capabilities of c that hold in
@@ -164,22 +213,13 @@ func (c *Creds) judge(pid int) error {
 			return fmt.Errorf("user namespace of pid %d: %w", pid, err)
 		}
 		if same {
-			c.userNS = own
+			c.userNS = own[0].id
 		}
 	default:
 		return fmt.Errorf("user namespace of pid %d: %w", pid, err)
 	}
-	if c.userNS == own {
-		c.napitapdCaps = c.CapEff
-		return nil
-	}
-	fd, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("napitapd's user namespace: %w", err)
-	}
-	defer unix.Close(fd)
-	c.napitapdCaps, err = c.capsOver(fd)
-	return err
+	c.napitapdCaps = c.capsOver(own)
+	return nil
 }
 
 // sameUIDMap: pid's /proc uid_map reads as this process's own.
@@ -195,59 +235,71 @@ func sameUIDMap(pid int) (bool, error) {
 var ownUIDMap = sync.OnceValues(func() ([]byte, error) { return os.ReadFile("/proc/self/uid_map") })
 
 // capsOver is the kernel's cap_capable for every capability at once: those
-// of c's that hold over objects owned by the user namespace target. From
-// target up: in c's own namespace its effective set counts; in a child of
-// c's namespace that c's euid owns, c has every capability; a namespace
-// that is not c's own or below it gives c nothing. target is not closed.
-func (c *Creds) capsOver(target int) (uint64, error) {
-	cur := target
+// of c's that hold over objects owned by the first user namespace of
+// chain. From there up: in c's own namespace its effective set counts; in
+// a child of c's namespace that c's euid owns, c has every capability; a
+// namespace that is not c's own or below it gives c nothing.
+func (c *Creds) capsOver(chain userNSChain) uint64 {
+	for i, ns := range chain {
+		if ns.id == c.userNS {
+			return c.CapEff
+		}
+		if i+1 < len(chain) && chain[i+1].id == c.userNS && ns.owner == c.EUID {
+			return ^uint64(0)
+		}
+	}
+	return 0
+}
+
+// userNSChain is a user namespace and its ancestors, as far up as
+// napitapd sees (NS_GET_PARENT refuses a namespace above its own).
+type userNSChain []userNS
+
+type userNS struct {
+	id    nsID
+	owner uint32 // the euid of the process that made it
+}
+
+// chainOf reads the user namespace fd and its ancestors; fd is not closed.
+func chainOf(fd int) (userNSChain, error) {
+	var chain userNSChain
+	cur := fd
 	defer func() {
-		if cur != target {
+		if cur != fd {
 			unix.Close(cur)
 		}
 	}()
 	for {
 		id, err := idOf(cur)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if id == c.userNS {
-			return c.CapEff, nil
+		var owner uint32
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(cur), unix.NS_GET_OWNER_UID, uintptr(unsafe.Pointer(&owner))); errno != 0 {
+			return nil, fmt.Errorf("user namespace owner: %w", errno)
 		}
+		chain = append(chain, userNS{id, owner})
 		parent, err := unix.IoctlRetInt(cur, unix.NS_GET_PARENT)
 		if err != nil {
-			// The initial namespace (or one above napitapd's) is reached
-			// without meeting c's: it is not an ancestor of target.
-			return 0, nil
+			// The initial namespace, or napitapd's.
+			return chain, nil
 		}
-		pid, err := idOf(parent)
-		if err == nil && pid == c.userNS {
-			var owner uint32
-			_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(cur), unix.NS_GET_OWNER_UID, uintptr(unsafe.Pointer(&owner)))
-			unix.Close(parent)
-			if errno != 0 {
-				return 0, fmt.Errorf("user namespace owner: %w", errno)
-			}
-			if owner == c.EUID {
-				return ^uint64(0), nil
-			}
-			return c.CapEff, nil
-		}
-		if cur != target {
+		if cur != fd {
 			unix.Close(cur)
 		}
 		cur = parent
-		if err != nil {
-			return 0, err
-		}
 	}
 }
 
-// ownUserNS is napitapd's user namespace, which it never leaves.
-var ownUserNS = sync.OnceValues(func() (nsID, error) {
-	var st unix.Stat_t
-	err := unix.Stat("/proc/self/ns/user", &st)
-	return nsID{st.Dev, st.Ino}, err
+// ownUserNS is napitapd's user namespace, which it never leaves, and its
+// ancestors.
+var ownUserNS = sync.OnceValues(func() (userNSChain, error) {
+	fd, err := unix.Open("/proc/self/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return chainOf(fd)
 })
 
 // nsID names a namespace: nsfs's device and inode.

@@ -166,7 +166,14 @@ func (p *Process) read(netnsFD int) (Creds, error) {
 	if err := p.pinned(); err != nil {
 		return Creds{}, err
 	}
-	c, err := readCreds(p.Pid, netnsFD)
+	var netns *Netns
+	if netnsFD >= 0 {
+		var err error
+		if netns, err = NetnsOf(netnsFD); err != nil {
+			return Creds{}, err
+		}
+	}
+	c, err := readCreds(p.Pid, netns)
 	if err != nil {
 		return c, goneOr(err)
 	}

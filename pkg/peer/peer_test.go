@@ -292,7 +292,11 @@ func threadCreds(t *testing.T, tid, netnsFD int) Creds {
 		t.Fatal(err)
 	}
 	defer unix.Close(pidfd)
-	c, err := Thread(tid, pidfd, netnsFD)
+	netns, err := NetnsOf(netnsFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Thread(tid, pidfd, netns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +385,7 @@ func TestCapabilitiesHoldWhereTheKernelSaysTheyDo(t *testing.T) {
 			}
 			defer unix.Close(fd)
 			c := threadCreds(t, tc.pid, fd)
-			if want, err := readCreds(tc.pid, -1); err != nil || c.EUID != want.EUID || c.EGID != want.EGID || c.CapEff != want.CapEff {
+			if want, err := readCreds(tc.pid, nil); err != nil || c.EUID != want.EUID || c.EGID != want.EGID || c.CapEff != want.CapEff {
 				t.Errorf("pid %d: Thread says euid %d egid %d CapEff 0x%x; /proc/PID/status %+v (%v)", tc.pid, c.EUID, c.EGID, c.CapEff, want, err)
 			}
 			if c.NetAdmin != tc.netAdmin || c.InitNetAdmin != tc.initAdmin {
@@ -440,5 +444,43 @@ func TestAJudgeWithoutCapabilitiesTellsNapitapdFromAUserNamespaceOfItsOwn(t *tes
 				t.Errorf("the judge said %q, want %q", verdict, tc.want)
 			}
 		})
+	}
+}
+
+// TestCapsOverFollowsCapCapable walks made-up chains of user namespaces as
+// the kernel's cap_capable walks the real ones, and ownedBy says when a
+// caller without capabilities must be looked up at all.
+func TestCapsOverFollowsCapCapable(t *testing.T) {
+	initNS, pod, inner := nsID{1, 1}, nsID{1, 2}, nsID{1, 3}
+	const netAdmin = 1 << unix.CAP_NET_ADMIN
+	// A netns of inner, which uid 1000 made in pod, which uid 0 made in
+	// the initial namespace.
+	chain := userNSChain{{inner, 1000}, {pod, 0}, {initNS, 0}}
+	cases := []struct {
+		name    string
+		c       Creds
+		want    uint64
+		ownedBy bool
+	}{
+		{"a caller in the owning namespace has its effective set", Creds{userNS: inner, EUID: 5, CapEff: netAdmin}, netAdmin, false},
+		{"a caller in an ancestor has its effective set there", Creds{userNS: initNS, EUID: 5, CapEff: netAdmin}, netAdmin, false},
+		{"the owner of a child of the caller's namespace has every capability", Creds{userNS: pod, EUID: 1000}, ^uint64(0), true},
+		{"another uid in that parent has only its effective set", Creds{userNS: pod, EUID: 2000, CapEff: netAdmin}, netAdmin, false},
+		{"root in the initial namespace owns pod, and so has everything below it", Creds{userNS: initNS, EUID: 0}, ^uint64(0), true},
+		{"a caller in a namespace off the chain has nothing", Creds{userNS: nsID{1, 9}, EUID: 1000, CapEff: ^uint64(0)}, 0, true},
+		{"a caller whose namespace is unknown has nothing", Creds{EUID: 5, CapEff: ^uint64(0)}, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.c.capsOver(chain); got != tc.want {
+				t.Errorf("capsOver: 0x%x, want 0x%x", got, tc.want)
+			}
+			if got := (&Netns{chain}).ownedBy(tc.c.EUID); got != tc.ownedBy {
+				t.Errorf("ownedBy(%d): %v, want %v", tc.c.EUID, got, tc.ownedBy)
+			}
+		})
+	}
+	if (*Netns)(nil).ownedBy(0) {
+		t.Error("no netns is owned by uid 0")
 	}
 }

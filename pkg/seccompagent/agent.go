@@ -138,6 +138,10 @@ func (a *Agent) add(fd int, l Listener) error {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		return fail("%w", err)
 	}
+	if err := notifSyncWakeUp(fd); err != nil {
+		// Only slower for it.
+		a.log.Warn("seccomp listener: no synchronous wake-ups", "listener", l.Origin, "err", err)
+	}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -391,6 +395,10 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	err := notifSend(listener, n.ID, v.errno, v.cont)
+	// The caller now waits on this CPU (notifSyncWakeUp) for as long as
+	// this thread runs on, through what follows and Go's parking: let it
+	// run first.
+	schedYield()
 	switch {
 	case v.queue != nil:
 		// Even when the answer went out: a signal may have crossed it.

@@ -138,7 +138,11 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	// name went meanwhile, IFF_NAPI_FRAGS. The thread gets CAP_NET_ADMIN
 	// only if the caller has it over the tap's netns, which is all the
 	// kernel asks of it there.
-	c, err := peer.Thread(tid, pidfd, nsfd)
+	owners, err := sock.netnsOwners(nsfd, netnsID)
+	if err != nil {
+		return continueVerdict
+	}
+	c, err := peer.Thread(tid, pidfd, owners)
 	if err != nil {
 		return continueVerdict
 	}

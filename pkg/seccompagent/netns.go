@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/peer"
 )
 
 // fileNetns opens the network namespace of an open /dev/net/tun file: the
@@ -35,6 +37,24 @@ type netnsSocket struct {
 	// one TUNSETIFF each, and only the first needs to read it.
 	aliasIndex int32
 	alias      string
+	// owners are the user namespaces of the netns ownersID, for the
+	// caller's CAP_NET_ADMIN over it (peer.NetnsOf), read once per netns:
+	// they never change, and the kernel never gives the id to another
+	// netns (tapsetup.NetnsIDOf).
+	ownersID uint64
+	owners   *peer.Netns
+}
+
+// netnsOwners is peer.NetnsOf of the netns nsfd, whose id is netnsID.
+func (c *netnsSocket) netnsOwners(nsfd int, netnsID uint64) (*peer.Netns, error) {
+	if c.owners == nil || c.ownersID != netnsID {
+		owners, err := peer.NetnsOf(nsfd)
+		if err != nil {
+			return nil, err
+		}
+		c.ownersID, c.owners = netnsID, owners
+	}
+	return c.owners, nil
 }
 
 func newNetnsSocket() *netnsSocket { return &netnsSocket{fd: -1} }

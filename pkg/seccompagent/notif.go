@@ -63,6 +63,26 @@ func notifRecv(listener int, n *seccompNotif) error {
 	return ioctlPtr(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(n))
 }
 
+// notifSyncWakeUp asks the kernel to wake the agent and then the caller
+// on the CPU of the one that woke it, as a call and its answer
+// (SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP): the caller sleeps for as long as
+// the agent works, so nothing is gained by waking it elsewhere, and the
+// wake-up costs less. The flag is the filter's, kept across napitapds. A
+// kernel before 6.6 knows neither the ioctl (ENOTTY) nor, should it
+// know another flag, this one (EINVAL): it wakes them as it always did.
+func notifSyncWakeUp(listener int) error {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SET_FLAGS, unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+	switch errno {
+	case 0, unix.ENOTTY, unix.EINVAL:
+		return nil
+	}
+	return fmt.Errorf("SECCOMP_IOCTL_NOTIF_SET_FLAGS: %w", errno)
+}
+
+// schedYield gives the CPU to any task waiting for it, the thread staying
+// runnable; Go has no call for it (runtime.Gosched yields the goroutine).
+func schedYield() { unix.RawSyscallNoError(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
 // notifIDValid reports whether the caller of notification id is still
 // blocked in it: what was read about the caller since RECV (its memory,
 // its /proc entries, its pidfd) was then really the caller's.

@@ -77,6 +77,18 @@ func TestTheThreadTakesOnTheCredentialsAndNothingElseDoes(t *testing.T) {
 				"Groups": "", "CapEff": "0000000000001000"},
 		},
 		{
+			name:  "root with CAP_NET_ADMIN changes only its effective set",
+			creds: threadcred.Creds{Caps: 1 << unix.CAP_NET_ADMIN},
+			want: map[string]string{"Uid": "0 0 0 0", "Gid": "0 0 0 0",
+				"Groups": "", "CapEff": "0000000000001000"},
+		},
+		{
+			name:  "root with another gid and groups keeps its uid",
+			creds: threadcred.Creds{GID: 107, Groups: []uint32{1001}},
+			want: map[string]string{"Uid": "0 0 0 0", "Gid": "0 107 0 107",
+				"Groups": "1001", "CapEff": "0000000000000000"},
+		},
+		{
 			name:  "root without capabilities",
 			creds: threadcred.Creds{},
 			want: map[string]string{"Uid": "0 0 0 0", "Gid": "0 0 0 0",
@@ -224,6 +236,30 @@ func TestTheThreadGoesBackToItsOwnCredentialsHoweverFnEnds(t *testing.T) {
 			}
 			// Else still locked: Go ends the thread with this goroutine,
 			// and no other test runs with what was left on it.
+		})
+	}
+}
+
+// BenchmarkRun measures Run around an empty fn, with the credentials the
+// seccomp agent gives KubeVirt's QEMU (uid 107, no capability) and a root
+// runtime (CAP_NET_ADMIN over its netns).
+//
+//	CI=true go test -run '^$' -bench Run ./pkg/threadcred/
+func BenchmarkRun(b *testing.B) {
+	nstest.RequireRoot(b)
+	for _, bc := range []struct {
+		name  string
+		creds threadcred.Creds
+	}{
+		{"uid 107", threadcred.Creds{UID: 107, GID: 107}},
+		{"root with CAP_NET_ADMIN", threadcred.Creds{Caps: 1 << unix.CAP_NET_ADMIN}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := threadcred.Run(bc.creds, func() error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
