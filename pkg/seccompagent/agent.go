@@ -399,6 +399,9 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	// this thread runs on, through what follows and Go's parking: let it
 	// run first.
 	schedYield()
+	if v.announce != nil {
+		v.announce()
+	}
 	switch {
 	case v.queue != nil:
 		// Even when the answer went out: a signal may have crossed it.

@@ -22,6 +22,9 @@ type verdict struct {
 	// queue is the caller's fd attached, with success: remembered for the
 	// call's restart should a signal interrupt it (restart.go).
 	queue *attachedQueue
+	// announce logs what was done, once the answer is out: the caller
+	// waits on the answer, not on napitapd's log.
+	announce func()
 }
 
 var (
@@ -219,7 +222,6 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	}
 	if creates {
 		own.add(netnsID, ifr.name)
-		log.Info("the caller created a tap, with NAPI on its queue", "flags", fmt.Sprintf("0x%x", flags))
 	} else if managed && !persistent {
 		// Every tap napitap makes is persistent: the name went between
 		// the check above and the TUNSETIFF, and the kernel made a tap for
@@ -227,8 +229,12 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		// TUNSETIFF would have.
 		log.Warn("the caller's TUNSETIFF made a new tap, not napitap's: the name was replaced meanwhile", "net_admin", c.NetAdmin)
 	}
-	log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
-	return verdict{queue: queue}
+	return verdict{queue: queue, announce: func() {
+		if creates {
+			log.Info("the caller created a tap, with NAPI on its queue", "flags", fmt.Sprintf("0x%x", flags))
+		}
+		log.Log(context.Background(), a.attachLevel, "attached the caller's queue with NAPI", "flags", fmt.Sprintf("0x%x", flags))
+	}}
 }
 
 func queueMode(mq bool) string {
