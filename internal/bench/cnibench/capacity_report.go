@@ -137,19 +137,7 @@ func pq(s []time.Duration, f func(time.Duration) string) string {
 func (r *CapacityReport) Markdown() string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	p("# napitap-bench capacity\n\n")
-	if r.FailureCount > 0 {
-		p("**FAILED: %d failures; the numbers below are not valid.**\n\n", r.FailureCount)
-	}
-	if r.Incomplete != "" {
-		p("**INCOMPLETE: the run stopped early (%s); the numbers below cover what ran.**\n\n", r.Incomplete)
-	}
-	p("```\n%s\n```\n\n", r.CommandLine)
-	m := r.Machine
-	p("| machine | |\n|---|---|\n")
-	p("| nproc | %d |\n| kernel | %s `%s` |\n| CPU | %s |\n| Go | %s |\n", m.CPUs, m.Kernel, m.KernelVersion, m.CPUModel, m.GoVersion)
-	p("| load average (1/5/15 min) | start %s, end %s |\n", m.LoadStart, m.LoadEnd)
-	p("| date | %s, %s |\n| binaries | %s |\n\n", r.Started.UTC().Format(time.RFC3339), r.Elapsed.Round(time.Second), r.Build)
+	runHead{"capacity", "failures", r.FailureCount, r.Incomplete, r.CommandLine, r.Machine, r.Started, r.Elapsed, r.Build}.markdown(p)
 
 	p("Method: for each N, first the reference `tap` plugin (multiQueue) ADDs N pods at once and DELs them at once. ")
 	p("Then N VM pods start at once, one goroutine each, as a node full of VMs starts after a drain: napitap's ADD of a %d-queue NAPI tap ", r.Queues)
@@ -180,35 +168,10 @@ func (r *CapacityReport) Markdown() string {
 	p("which leaves out napitapd's and the kernel's threads' share, so the real floor is higher.\n\n")
 
 	if g := r.Growth(); len(g) > 0 {
-		p("## Growth from N=%d to N=%d\n\n| figure | factor (from, to) | goal | |\n|---|---|---|---|\n", r.Rows[0].Pods, r.Rows[len(r.Rows)-1].Pods)
-		for _, goal := range g {
-			verdict := ""
-			switch {
-			case goal.Known && goal.Met:
-				verdict = "met"
-			case goal.Known:
-				verdict = "**missed**"
-			case goal.Target != "-":
-				verdict = "not measured"
-			}
-			measured := goal.Measured
-			if measured == "" {
-				measured = "-"
-			}
-			p("| %s | %s | %s | %s |\n", goal.Name, measured, goal.Target, verdict)
-		}
-		p("\n")
+		p("## Growth from N=%d to N=%d\n\n", r.Rows[0].Pods, r.Rows[len(r.Rows)-1].Pods)
+		goalsMarkdown(p, "figure", g)
 	}
-	if r.FailureCount > 0 {
-		p("## Failures (%d)\n\n", r.FailureCount)
-		for _, f := range r.Failures {
-			p("- `%s`\n", strings.ReplaceAll(f, "`", "'"))
-		}
-		if len(r.Failures) < r.FailureCount {
-			p("- ... %d more\n", r.FailureCount-len(r.Failures))
-		}
-		p("\n")
-	}
+	failuresMarkdown(p, r.FailureCount, r.Failures)
 	return b.String()
 }
 
