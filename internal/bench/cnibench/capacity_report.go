@@ -219,8 +219,10 @@ func (r *CapacityReport) SVG() string {
 	yOf := func(d time.Duration) float64 {
 		return top + plotH - float64(d)/float64(step*time.Duration(ticks))*plotH
 	}
-	nStep, nTicks := niceTicks(time.Duration(maxN))
-	xOf := func(n int) float64 { return left + float64(n)/float64(nStep*time.Duration(nTicks))*plotW }
+	// niceTicks works on durations, with a floor of 1 µs: count pods in ms.
+	msStep, nTicks := niceTicks(time.Duration(maxN) * time.Millisecond)
+	nStep := max(int(msStep/time.Millisecond), 1)
+	xOf := func(n int) float64 { return left + float64(n)/float64(nStep*nTicks)*plotW }
 
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
@@ -234,7 +236,7 @@ func (r *CapacityReport) SVG() string {
 		p(`<text x="%d" y="%.1f" text-anchor="end" fill="#555">%s</text>`+"\n", left-6, y+4, tickLabel(step*time.Duration(t)))
 	}
 	for t := 0; t <= nTicks; t++ {
-		n := int(nStep) * t
+		n := nStep * t
 		x := xOf(n)
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`+"\n", x, top, x, top+plotH)
 		p(`<text x="%.1f" y="%d" text-anchor="middle" fill="#555">%d</text>`+"\n", x, top+plotH+16, n)

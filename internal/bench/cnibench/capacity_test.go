@@ -109,6 +109,10 @@ func TestTheCapacityReportRendersItsTableAndAWellFormedPlot(t *testing.T) {
 			t.Errorf("SVG has NaN/Inf:\n%s", svg)
 		}
 	}
+	// The N axis ends at the first tick past 110 (50 apart), not at 1000.
+	if svg := r.SVG(); !strings.Contains(svg, `fill="#555">150</text>`) || strings.Contains(svg, `fill="#555">1000</text>`) {
+		t.Errorf("the N axis does not end at 150:\n%s", svg)
+	}
 }
 
 func TestParseCapacityFlags(t *testing.T) {
