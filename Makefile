@@ -201,6 +201,7 @@ unit:
 bench: build tools
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./plugins/napitap/
 	$(GO) run ./cmd/napitap-bench cni --out docs/bench
+	$(GO) run ./cmd/napitap-bench capacity --pods 1,10,50,110 --out docs/bench
 	$(GO) run ./cmd/napitap-bench datapath --out $(BIN)/bench/g2h
 	$(GO) run ./cmd/napitap-bench datapath --sizes h2g-udp64,h2g-tcp,rr64 --queues 1,4 \
 		--modes plain,plain+noqueue,napi,napi+noqueue,threaded,threaded+noqueue --out $(BIN)/bench/h2g
@@ -209,6 +210,7 @@ bench: build tools
 	$(GO) run ./cmd/napitap-bench datapath --out docs/bench \
 		--from-json $(BIN)/bench/g2h/datapath.json,$(BIN)/bench/h2g/datapath.json,$(BIN)/bench/scale/datapath.json
 	$(GO) test -run '^$$' -bench TUNSETIFF -benchtime 2000x ./pkg/seccompagent/
+	$(GO) test -run '^$$' -bench LookupDuringSweep -benchtime 20x ./pkg/handoff/
 	$(GO) test -run '^$$' -bench 'Takeover|CrashRestart' -benchtime 20x ./cmd/napitapd/
 
 clean:

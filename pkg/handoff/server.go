@@ -625,10 +625,15 @@ func reopen(att *Attachment) ([]*os.File, *Error) {
 // (DESIGN.md fact 11), which a burst of DELs keeps busy for seconds: never
 // under s.mu, which every request takes.
 func (s *Server) release(match func(*Attachment) bool) (n int, closing []*os.File) {
+	return s.releaseEntries(func(e *entry) bool { return match(&e.att) })
+}
+
+// releaseEntries releases, under the lock, every entry match picks.
+func (s *Server) releaseEntries(match func(*entry) bool) (n int, closing []*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, e := range s.held {
-		if !match(&e.att) {
+		if !match(e) {
 			continue
 		}
 		closing = append(closing, e.files...)
@@ -675,39 +680,76 @@ func (s *Server) list(cred *peer.Process) []Attachment {
 // napitapd was down, or the runtime crashed and never called DEL. A netns
 // path that now holds another netns, or a tap that is not marked as the
 // attachment's, counts as gone.
+//
+// The checks run out of the server's lock: each opens a netns, enters it
+// and asks the kernel over rtnetlink, which waits for rtnl, held by every
+// ADD's tap creation. Under the lock, a node's 110 of them held up every
+// intercepted TUNSETIFF's lookup, fetch, register and list for the whole
+// sweep (BenchmarkLookupDuringSweep). An attachment released or
+// registered anew meanwhile is another entry, and is not touched.
 func (s *Server) Sweep() int {
-	var nodeTaps []Attachment
-	n, closing := s.release(func(a *Attachment) bool {
-		netns := openSameNetns(a)
-		if netns != nil {
-			defer netns.Close()
-		}
-		if a.NodeTap {
-			// The pod's netns going does not take this tap along.
-			if netns == nil {
-				nodeTaps = append(nodeTaps, *a)
-				return true
+	s.mu.Lock()
+	entries := make([]*entry, 0, len(s.held))
+	atts := make([]Attachment, 0, len(s.held))
+	for _, e := range s.held {
+		entries, atts = append(entries, e), append(atts, e.att)
+	}
+	s.mu.Unlock()
+
+	gone := map[*entry]bool{}
+	nodeTaps := map[*entry]Attachment{}
+	for i, e := range entries {
+		if g, nodeTap := s.swept(&atts[i]); g {
+			gone[e] = true
+			if nodeTap {
+				nodeTaps[e] = atts[i]
 			}
-			return s.nodeTapGone(a)
 		}
-		if netns == nil {
-			return true
+	}
+	if len(gone) == 0 {
+		return 0
+	}
+	var released []*entry
+	n, closing := s.releaseEntries(func(e *entry) bool {
+		if gone[e] {
+			released = append(released, e)
 		}
-		gone := false
-		_ = netns.Do(func(ns.NetNS) error {
-			gone = tapGone(a)
-			return nil
-		})
-		return gone
+		return gone[e]
 	})
 	closeAll(closing)
 	// Out of release's lock: a delete waits for rtnl.
-	for _, a := range nodeTaps {
-		if err := s.deleteNodeTap(&a); err != nil {
-			s.log.Error("sweep: delete the tap of a pod that is gone", "attachment", a.Key.String(), "tap", a.TapName, "err", err)
+	for _, e := range released {
+		if a, ok := nodeTaps[e]; ok {
+			if err := s.deleteNodeTap(&a); err != nil {
+				s.log.Error("sweep: delete the tap of a pod that is gone", "attachment", a.Key.String(), "tap", a.TapName, "err", err)
+			}
 		}
 	}
 	return n
+}
+
+// swept says whether a's netns or tap is gone, and whether a's node tap
+// is left for the sweep to delete (the pod's netns going does not take it
+// along).
+func (s *Server) swept(a *Attachment) (gone, deleteNodeTap bool) {
+	netns := openSameNetns(a)
+	if netns != nil {
+		defer netns.Close()
+	}
+	if a.NodeTap {
+		if netns == nil {
+			return true, true
+		}
+		return s.nodeTapGone(a), false
+	}
+	if netns == nil {
+		return true, false
+	}
+	_ = netns.Do(func(ns.NetNS) error {
+		gone = tapGone(a)
+		return nil
+	})
+	return gone, false
 }
 
 // checkTap: the attachment's tap is in its netns (the pod's, while the

@@ -31,8 +31,14 @@ const (
 	// DefaultMaxListenersPerUID bounds those one sender uid other than
 	// root may have served. runc and Kata's shim send as root; a uid of
 	// the socket's group that launches VMMs itself (napitapctl launch)
-	// runs far fewer than 64 on one node, and cannot lock the others out.
-	DefaultMaxListenersPerUID = 64
+	// may run every VM pod of the node: KubeVirt runs each VM's QEMU as
+	// uid 107, and a node runs up to the kubelet's max-pods (110 by
+	// default; 250 is the most the managed Kubernetes services set). A
+	// listener lasts as long as its VM, so 64 refused the 65th VM for
+	// good (napitap-bench capacity, issue 36). 256 is a quarter of
+	// DefaultMaxListeners: a flood from one uid still leaves root and the
+	// other uids the rest.
+	DefaultMaxListenersPerUID = 256
 )
 
 // ErrFull is returned by Add when the agent serves as many listeners as

@@ -3,7 +3,9 @@ package seccompagent
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -72,24 +74,55 @@ func launch(socket string, argv, env []string, flags uintptr) error {
 }
 
 // SendListener hands a seccomp listener fd to the agent at socket, in the
-// message runc sends, and waits for the agent's ack.
+// message runc sends, and waits for the agent's ack. A connection the
+// agent closed without reading the message, as it does beyond its bound
+// on connections at once, is tried again with a growing, jittered pause
+// until ackTimeout: a node's VMMs of one uid started together (KubeVirt
+// runs every QEMU as 107) come in bursts larger than that bound, which is
+// there against idle connections, not against them.
 func SendListener(socket string, listener int, st *specs.ContainerProcessState) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(ackTimeout)
+	pause := 2 * time.Millisecond
+	for {
+		err := sendListenerOnce(socket, listener, b, deadline)
+		if !errors.Is(err, errUnread) || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		time.Sleep(pause/2 + rand.N(pause))
+		pause = min(2*pause, 250*time.Millisecond)
+	}
+}
+
+// errUnread: the agent closed the connection with the message unread, so
+// sending it again cannot hand it the same listener twice. The kernel
+// tells: closing a unix socket with data unread gives its peer
+// ECONNRESET (EPIPE when the close came before the write); one that read
+// the message and died before the ack gives EOF, and is not tried again.
+var errUnread = errors.New("closed unread")
+
+func sendListenerOnce(socket string, listener int, msg []byte, deadline time.Time) error {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("seccomp agent at %s: %w", socket, err)
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(ackTimeout))
-	b, err := json.Marshal(st)
-	if err != nil {
+	_ = conn.SetDeadline(deadline)
+	unread := func(err error) error {
+		if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+			return fmt.Errorf("%w (%w)", err, errUnread)
+		}
 		return err
 	}
-	if _, _, err := conn.WriteMsgUnix(b, unix.UnixRights(listener), nil); err != nil {
-		return fmt.Errorf("seccomp agent at %s: send: %w", socket, err)
+	if _, _, err := conn.WriteMsgUnix(msg, unix.UnixRights(listener), nil); err != nil {
+		return fmt.Errorf("seccomp agent at %s: send: %w", socket, unread(err))
 	}
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("seccomp agent at %s: no ack: %w", socket, err)
+		return fmt.Errorf("seccomp agent at %s: no ack: %w", socket, unread(err))
 	}
 	if line = strings.TrimSuffix(line, "\n"); line != AckOK {
 		return fmt.Errorf("seccomp agent at %s: %s", socket, line)

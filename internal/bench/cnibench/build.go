@@ -18,8 +18,9 @@ const (
 
 // buildAll builds every binary the bench execs into dir, the same way for
 // all of them (static, stripped, as `make build` does), and describes how.
-// napitap, napitapd, bridge and host-local come from this module, the
-// upstream plugins at the version go.mod pins. The reference tap plugin is
+// napitap, napitapd, napitapctl, napitap-fdstore, bridge and host-local
+// come from this module (bridge and host-local from the
+// upstream plugins at the version go.mod pins). The reference tap plugin is
 // in the module graph but not in go.sum (it needs go-selinux), so it is
 // built with `go install <pkg>@<that version>` from the Go module proxy,
 // with the plugins module's own go.mod, as upstream releases it.
@@ -44,7 +45,7 @@ func buildAll(ctx context.Context, dir string) (string, error) {
 		return nil
 	}
 	args := append(append([]string{"build"}, flags...), "-o", dir+"/",
-		"./plugins/napitap", "./cmd/napitapd", "./internal/bench/cnibench/launch/"+launcherBin,
+		"./plugins/napitap", "./cmd/napitapd", "./cmd/napitapctl", "./cmd/napitap-fdstore", "./internal/bench/cnibench/launch/"+launcherBin,
 		pluginsModule+"/plugins/main/bridge", pluginsModule+"/plugins/ipam/host-local")
 	if err := build(root, nil, args...); err != nil {
 		return "", err
@@ -61,7 +62,7 @@ func buildAll(ctx context.Context, dir string) (string, error) {
 	if rev == "" {
 		rev = "unknown revision"
 	}
-	return fmt.Sprintf("built by the bench, all with `CGO_ENABLED=0 go build -trimpath -ldflags='-s -w'` (%s): napitap, napitapd and "+launcherBin+" at %s; "+
+	return fmt.Sprintf("built by the bench, all with `CGO_ENABLED=0 go build -trimpath -ldflags='-s -w'` (%s): napitap, napitapd, napitapctl, napitap-fdstore and "+launcherBin+" at %s; "+
 		"bridge and host-local from %s %s (go.mod); tap by `go install %s`", runtime.Version(), rev, pluginsModule, version, tap), nil
 }
 

@@ -44,7 +44,7 @@ const (
 	quotedFailures = 10
 )
 
-// Binaries the bench execs; all must be in the bin dir.
+// Binaries the cni bench execs; all must be in the bin dir.
 var binaries = []string{"napitap", "napitapd", "bridge", "host-local", "tap"}
 
 type options struct {
@@ -96,7 +96,7 @@ func parseFlags(args []string) (*options, error) {
 // Main runs the benchmark with command-line args.
 func Main(args []string) error {
 	if os.Getenv(launcherEnv) == "1" {
-		return launch.Serve(os.Stdin, os.Stdout)
+		return launch.Main(args)
 	}
 	opt, err := parseFlags(args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -108,7 +108,7 @@ func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	b := &bench{opt: opt, suffix: nstest.RandomSuffix(), ctx: ctx}
+	b := &bench{opt: opt, suffix: nstest.RandomSuffix(), ctx: ctx, name: "cni", need: binaries}
 	err = b.run(ctx)
 	if cerr := b.cleanup(); cerr != nil && err == nil {
 		err = cerr
@@ -119,6 +119,8 @@ func Main(args []string) error {
 // bench is one run: what it made (to undo) and what it measured.
 type bench struct {
 	opt      *options
+	name     string   // the subcommand: cni or capacity
+	need     []string // the binaries it execs
 	suffix   string
 	tmp      string
 	binDir   string
@@ -126,6 +128,7 @@ type bench struct {
 	host     *netNS
 	daemon   *daemon
 	launcher *launcher
+	daemons  int // napitapds started, for their log files' names
 
 	undo []func() error // LIFO
 	ctx  context.Context
@@ -142,7 +145,7 @@ func (b *bench) cleanup() error {
 	var errs []error
 	for i := len(b.undo) - 1; i >= 0; i-- {
 		if err := b.undo[i](); err != nil {
-			fmt.Fprintln(os.Stderr, "napitap-bench cni: cleanup:", err)
+			fmt.Fprintf(os.Stderr, "napitap-bench %s: cleanup: %v\n", b.name, err)
 			errs = append(errs, err)
 		}
 	}
@@ -160,7 +163,7 @@ func (b *bench) fail(format string, a ...any) {
 	if len(b.messages) < quotedFailures {
 		b.messages = append(b.messages, fmt.Sprintf(format, a...))
 	}
-	fmt.Fprintf(os.Stderr, "napitap-bench cni: FAIL: "+format+"\n", a...)
+	fmt.Fprintf(os.Stderr, "napitap-bench "+b.name+": FAIL: "+format+"\n", a...)
 }
 
 func (b *bench) failed() int {
@@ -169,7 +172,11 @@ func (b *bench) failed() int {
 	return b.failures
 }
 
-func (b *bench) run(ctx context.Context) error {
+// prepare checks the machine, and makes the temp dir, the binaries, the
+// host netns (lo up), the launcher and napitapd: what every subcommand
+// runs on. beforeDaemon, if set, starts what napitapd needs first and
+// returns napitapd's extra flags.
+func (b *bench) prepare(ctx context.Context, beforeDaemon func() ([]string, error)) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (network namespaces, taps)")
 	}
@@ -182,25 +189,14 @@ func (b *bench) run(ctx context.Context) error {
 	if err := os.MkdirAll(b.opt.out, 0o755); err != nil {
 		return err
 	}
-	rep := &Report{
-		CommandLine: commandLine(b.opt.args),
-		Started:     time.Now(),
-		Machine:     machineInfo(),
-		Iterations:  b.opt.iterations,
-		Warmup:      b.opt.warmup,
-		Settle:      b.opt.settle,
-	}
 	var err error
-	if b.tmp, err = os.MkdirTemp("", "napitap-bench-cni-"); err != nil {
+	if b.tmp, err = os.MkdirTemp("", "napitap-bench-"+b.name+"-"); err != nil {
 		return err
 	}
 	b.onCleanup(func() error { return os.RemoveAll(b.tmp) })
-
 	if err := b.binaries(ctx); err != nil {
 		return err
 	}
-	rep.Build = b.build
-
 	if b.host, err = b.newNetNS("host"); err != nil {
 		return err
 	}
@@ -211,14 +207,34 @@ func (b *bench) run(ctx context.Context) error {
 		}
 		return netlink.LinkSetUp(lo)
 	}); err != nil {
-		return fmt.Errorf("host netns: lo up: %w", err)
+		return fmt.Errorf("host netns %s: lo up: %w", b.host.Name, err)
 	}
 	if b.launcher, err = b.startLauncher(); err != nil {
 		return err
 	}
-	if b.daemon, err = b.startDaemon(); err != nil {
+	var flags []string
+	if beforeDaemon != nil {
+		if flags, err = beforeDaemon(); err != nil {
+			return err
+		}
+	}
+	b.daemon, err = b.startDaemon(flags...)
+	return err
+}
+
+func (b *bench) run(ctx context.Context) error {
+	rep := &Report{
+		CommandLine: commandLine(b.name, b.opt.args),
+		Started:     time.Now(),
+		Machine:     machineInfo(),
+		Iterations:  b.opt.iterations,
+		Warmup:      b.opt.warmup,
+		Settle:      b.opt.settle,
+	}
+	if err := b.prepare(ctx, nil); err != nil {
 		return err
 	}
+	rep.Build = b.build
 
 	variants, err := b.variants()
 	if err != nil {
@@ -272,7 +288,7 @@ func (b *bench) binaries(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, name := range binaries {
+		for _, name := range b.need {
 			if !isExecutable(filepath.Join(dir, name)) {
 				return fmt.Errorf("--bin %s: no executable %s", dir, name)
 			}
@@ -285,13 +301,13 @@ func (b *bench) binaries(ctx context.Context) error {
 	}
 	b.binDir = filepath.Join(b.tmp, "bin")
 	start := time.Now()
-	fmt.Fprintln(os.Stderr, "napitap-bench cni: building napitap, napitapd, bridge, host-local and tap ...")
+	fmt.Fprintf(os.Stderr, "napitap-bench %s: building %s ...\n", b.name, strings.Join(b.need, ", "))
 	desc, err := buildAll(ctx, b.binDir)
 	if err != nil {
 		return err
 	}
 	b.build = desc
-	fmt.Fprintf(os.Stderr, "napitap-bench cni: built in %s\n", time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "napitap-bench %s: built in %s\n", b.name, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -445,29 +461,38 @@ func trim(b []byte) string {
 // --- napitapd
 
 type daemon struct {
-	cmd    *exec.Cmd
-	socket string
-	log    string
-	done   chan struct{}
-	err    error
+	cmd             *exec.Cmd
+	socket, seccomp string
+	log             string
+	done            chan struct{}
+	err             error
+	// replaced: a takeover or a SIGKILL was meant to end it.
+	replaced bool
 }
 
-// startDaemon runs napitapd on a socket and state dir of the run's own;
-// cleanup stops it by its PID.
-func (b *bench) startDaemon() (*daemon, error) {
-	dir := filepath.Join(b.tmp, "napitapd")
+// daemonDir is where every napitapd of the run has its sockets and state:
+// a second one started there takes over from the first.
+func (b *bench) daemonDir() string { return filepath.Join(b.tmp, "napitapd") }
+
+// startDaemon runs a napitapd, with flags, on the sockets and state dir of
+// the run's own; cleanup stops it by its PID. Started while another
+// serves there, it takes everything over from it.
+func (b *bench) startDaemon(flags ...string) (*daemon, error) {
+	dir := b.daemonDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	d := &daemon{socket: filepath.Join(dir, "napitapd.sock"), log: filepath.Join(dir, "napitapd.log"), done: make(chan struct{})}
+	b.daemons++
+	d := &daemon{socket: filepath.Join(dir, "napitapd.sock"), seccomp: filepath.Join(dir, "seccomp.sock"),
+		log: filepath.Join(dir, fmt.Sprintf("napitapd-%d.log", b.daemons)), done: make(chan struct{})}
 	logf, err := os.Create(d.log)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 	// A sweep lists every attachment's netns and tap; keep it out of the timings.
-	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
-		"--seccomp-socket", filepath.Join(dir, "seccomp.sock"))
+	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), append([]string{"--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
+		"--seccomp-socket", d.seccomp}, flags...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Its own process group: a ^C for the bench must not take napitapd
 	// down before the bench has released what it holds; stop() ends it.
@@ -479,7 +504,7 @@ func (b *bench) startDaemon() (*daemon, error) {
 	b.onCleanup(d.stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if st, err := os.Stat(d.socket); err == nil && st.Mode()&os.ModeSocket != 0 {
+		if strings.Contains(d.logText(), "msg=serving") {
 			return d, nil
 		}
 		select {
@@ -507,6 +532,9 @@ func (d *daemon) alive() bool {
 // stop sends SIGTERM to napitapd's PID, then SIGKILL after 5 s.
 func (d *daemon) stop() error {
 	if !d.alive() {
+		if d.replaced {
+			return nil
+		}
 		return fmt.Errorf("napitapd had exited: %v: %s", d.err, d.logTail())
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
@@ -520,12 +548,17 @@ func (d *daemon) stop() error {
 	}
 }
 
-func (d *daemon) logTail() string {
+func (d *daemon) logText() string {
 	b, _ := os.ReadFile(d.log)
-	if len(b) > 1000 {
-		b = b[len(b)-1000:]
+	return string(b)
+}
+
+func (d *daemon) logTail() string {
+	s := d.logText()
+	if len(s) > 1000 {
+		s = s[len(s)-1000:]
 	}
-	return strings.TrimSpace(string(b))
+	return strings.TrimSpace(s)
 }
 
 // stats reads napitapd's VmRSS, VmHWM and open fds from /proc.
@@ -548,8 +581,8 @@ func procStats(pid int) (DaemonStats, error) {
 
 // --- machine
 
-func commandLine(args []string) string {
-	parts := []string{"napitap-bench", "cni"}
+func commandLine(sub string, args []string) string {
+	parts := []string{"napitap-bench", sub}
 	for _, a := range args {
 		if a == "" || strings.ContainsAny(a, " \t'\"$\\;&|<>*?") {
 			a = strconv.Quote(a)

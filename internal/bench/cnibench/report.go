@@ -251,19 +251,7 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 
-	p("# napitap-bench cni\n\n")
-	if r.FailureCount > 0 {
-		p("**FAILED: %d ADD/DEL failures; the numbers below are not valid.**\n\n", r.FailureCount)
-	}
-	if r.Incomplete != "" {
-		p("**INCOMPLETE: the run stopped early (%s); the numbers below cover what ran.**\n\n", r.Incomplete)
-	}
-	p("```\n%s\n```\n\n", r.CommandLine)
-	m := r.Machine
-	p("| machine | |\n|---|---|\n")
-	p("| nproc | %d |\n| kernel | %s `%s` |\n| CPU | %s |\n| Go | %s |\n", m.CPUs, m.Kernel, m.KernelVersion, m.CPUModel, m.GoVersion)
-	p("| load average (1/5/15 min) | start %s, end %s |\n", m.LoadStart, m.LoadEnd)
-	p("| date | %s, %s |\n| binaries | %s |\n\n", r.Started.UTC().Format(time.RFC3339), r.Elapsed.Round(time.Second), r.Build)
+	runHead{"cni", "ADD/DEL failures", r.FailureCount, r.Incomplete, r.CommandLine, r.Machine, r.Started, r.Elapsed, r.Build}.markdown(p)
 
 	p("Method: every plugin is exec'd by the bench with `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_PATH` ")
 	p("and the config on stdin, as libcni's invoke does, from a throwaway \"host\" netns. A latency is the wall time of one plugin ")
@@ -341,13 +329,60 @@ func (r *Report) Markdown() string {
 	}
 	p("\n")
 
-	p("## Goals\n\n| goal | measured | target | |\n|---|---|---|---|\n")
-	for _, g := range r.Goals() {
-		verdict := "not measured"
-		if g.Known && g.Met {
+	p("## Goals\n\n")
+	goalsMarkdown(p, "goal", r.Goals())
+
+	if len(r.Bursts) > 0 {
+		r.burstsMarkdown(p)
+	}
+
+	failuresMarkdown(p, r.FailureCount, r.Failures)
+	return b.String()
+}
+
+// runHead is what every report of the bench starts with.
+type runHead struct {
+	sub, failureWhat string
+	failures         int
+	incomplete       string
+	commandLine      string
+	machine          Machine
+	started          time.Time
+	elapsed          time.Duration
+	build            string
+}
+
+// markdown writes the title, the FAILED and INCOMPLETE banners, the
+// command line and the machine table.
+func (h runHead) markdown(p func(string, ...any)) {
+	p("# napitap-bench %s\n\n", h.sub)
+	if h.failures > 0 {
+		p("**FAILED: %d %s; the numbers below are not valid.**\n\n", h.failures, h.failureWhat)
+	}
+	if h.incomplete != "" {
+		p("**INCOMPLETE: the run stopped early (%s); the numbers below cover what ran.**\n\n", h.incomplete)
+	}
+	p("```\n%s\n```\n\n", h.commandLine)
+	m := h.machine
+	p("| machine | |\n|---|---|\n")
+	p("| nproc | %d |\n| kernel | %s `%s` |\n| CPU | %s |\n| Go | %s |\n", m.CPUs, m.Kernel, m.KernelVersion, m.CPUModel, m.GoVersion)
+	p("| load average (1/5/15 min) | start %s, end %s |\n", m.LoadStart, m.LoadEnd)
+	p("| date | %s, %s |\n| binaries | %s |\n\n", h.started.UTC().Format(time.RFC3339), h.elapsed.Round(time.Second), h.build)
+}
+
+// goalsMarkdown writes goals as a table, first column headed first. A
+// goal whose Target is "-" is a figure without one: no verdict.
+func goalsMarkdown(p func(string, ...any), first string, goals []Goal) {
+	p("| %s | measured | target | |\n|---|---|---|---|\n", first)
+	for _, g := range goals {
+		verdict := ""
+		switch {
+		case g.Known && g.Met:
 			verdict = "met"
-		} else if g.Known {
+		case g.Known:
 			verdict = "**missed**"
+		case g.Target != "-":
+			verdict = "not measured"
 		}
 		measured := g.Measured
 		if measured == "" {
@@ -356,22 +391,21 @@ func (r *Report) Markdown() string {
 		p("| %s | %s | %s | %s |\n", g.Name, measured, g.Target, verdict)
 	}
 	p("\n")
+}
 
-	if len(r.Bursts) > 0 {
-		r.burstsMarkdown(p)
+// failuresMarkdown quotes the first failures, and counts the rest.
+func failuresMarkdown(p func(string, ...any), count int, quoted []string) {
+	if count == 0 {
+		return
 	}
-
-	if r.FailureCount > 0 {
-		p("## Failures (%d)\n\n", r.FailureCount)
-		for _, f := range r.Failures {
-			p("- `%s`\n", strings.ReplaceAll(f, "`", "'"))
-		}
-		if len(r.Failures) < r.FailureCount {
-			p("- ... %d more\n", r.FailureCount-len(r.Failures))
-		}
-		p("\n")
+	p("## Failures (%d)\n\n", count)
+	for _, f := range quoted {
+		p("- `%s`\n", strings.ReplaceAll(f, "`", "'"))
 	}
-	return b.String()
+	if len(quoted) < count {
+		p("- ... %d more\n", count-len(quoted))
+	}
+	p("\n")
 }
 
 // burstsMarkdown renders the bursts: slab per pod by kind and size first,

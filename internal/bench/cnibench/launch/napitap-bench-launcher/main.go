@@ -1,5 +1,7 @@
-// napitap-bench-launcher forks and times plugin execs for napitap-bench cni
-// (see package launch); it reads batches on stdin and answers on stdout.
+// napitap-bench-launcher forks and times plugin execs for napitap-bench
+// (see package launch): it reads batches on stdin and answers on stdout.
+// `napitap-bench-launcher vm open TAP N` and `vm fds N` are the VMs of
+// napitap-bench capacity (launch.VM).
 package main
 
 import (
@@ -10,7 +12,7 @@ import (
 )
 
 func main() {
-	if err := launch.Serve(os.Stdin, os.Stdout); err != nil {
+	if err := launch.Main(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "napitap-bench-launcher:", err)
 		os.Exit(1)
 	}
