@@ -129,7 +129,7 @@ func (b *bench) capacity(ctx context.Context, copt *capacityOptions) error {
 	var loopErr error
 	for _, n := range copt.pods {
 		row := CapacityRow{Pods: n}
-		b.capacityRef(ctx, &row, pods[:n])
+		b.capacityRef(ctx, copt, &row, pods[:n])
 		if err := ctx.Err(); err != nil {
 			loopErr = err
 			break
@@ -216,21 +216,54 @@ func (b *bench) startFDStore(socket string) error {
 }
 
 // capacityRef: the reference plugin's multiqueue tap in every pod at once,
-// then its DEL at once.
-func (b *bench) capacityRef(ctx context.Context, row *CapacityRow, pods []*netNS) {
+// each pod's VM opening its queues by name as soon as its ADD is back (no
+// agent: the kernel's own TUNSETIFF, without NAPI), then the DELs at once.
+func (b *bench) capacityRef(ctx context.Context, copt *capacityOptions, row *CapacityRow, pods []*netNS) {
 	conf, err := stepConf(step{typ: "tap", conf: map[string]any{"type": "tap", "multiQueue": true}}, nil)
 	if err != nil {
 		b.fail("tap config: %v", err)
 		return
 	}
-	prefix := fmt.Sprintf("napitap-bench-%s-cap%d-tap-", b.suffix, len(pods))
+	n := len(pods)
+	prefix := fmt.Sprintf("napitap-bench-%s-cap%d-tap-", b.suffix, n)
 	inv := func(i int, command string) invocation {
 		return invocation{Plugin: "tap", Command: command, ContainerID: prefix + strconv.Itoa(i), Netns: pods[i].Path(), IfName: capacityIfName, Conf: conf}
 	}
-	adds := b.execAll(ctx, len(pods), func(i int) invocation { return inv(i, "ADD") })
+	adds := make([]run, n)
+	vms := make([]*vmPod, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			start := time.Now()
+			if adds[i] = b.execNow(ctx, inv(i, "ADD")); adds[i].Err != nil {
+				return
+			}
+			v := &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), plain: true}
+			var err error
+			if v.vm, v.ready, err = b.startVM(v, copt.queues); err != nil {
+				b.fail("N=%d: VM of %s (plain): %v", n, v.cid, err)
+				return
+			}
+			v.toNAPI = time.Unix(0, v.ready.At).Sub(start)
+			vms[i] = v
+		})
+	}
+	wg.Wait()
 	b.tallyInto(&row.RefAdd, &row.RefFailures, "tap ADD", prefix, adds)
+	for i, v := range vms {
+		switch {
+		case v == nil && adds[i].Err == nil:
+			row.RefFailures++
+		case v != nil:
+			row.RefToQueues = append(row.RefToQueues, v.toNAPI)
+			row.RefTUNSETIFF = append(row.RefTUNSETIFF, v.ready.TUNSETIFF...)
+			if err := v.vm.stop(); err != nil {
+				b.fail("N=%d: VM of %s: %v", n, v.cid, err)
+			}
+		}
+	}
 	_ = b.settle(ctx)
-	dels := b.execAll(context.Background(), len(pods), func(i int) invocation { return inv(i, "DEL") })
+	dels := b.execAll(context.Background(), n, func(i int) invocation { return inv(i, "DEL") })
 	b.tallyInto(&row.RefDel, &row.RefFailures, "tap DEL", prefix, dels)
 }
 
@@ -303,6 +336,7 @@ type vmPod struct {
 	pod    *netNS
 	cid    string
 	fds    bool // fds mode: the VM gets its queues from napitapd's hand-off
+	plain  bool // the reference plugin's pod: its VM opens the tap itself, no agent
 	conf   []byte
 	add    run
 	toNAPI time.Duration
@@ -515,8 +549,9 @@ type vmProc struct {
 // startVM starts v's VM in its pod netns: in intercept mode the launcher's
 // `vm open` under `napitapctl launch`, which opens the tap by name; in fds
 // mode its `vm fds` under `napitapctl exec`, which fetches the queues from
-// napitapd. It returns once the VM holds every queue with NAPI; cleanup
-// stops it.
+// napitapd; for the reference plugin's pod, `vm plain`, the tap opened by
+// name with no agent. It returns once the VM holds every queue (with NAPI
+// but for plain); cleanup stops it.
 func (b *bench) startVM(v *vmPod, queues int) (*vmProc, launch.VMReady, error) {
 	var ready launch.VMReady
 	self, env := b.launcher.path, os.Environ()
@@ -526,10 +561,13 @@ func (b *bench) startVM(v *vmPod, queues int) (*vmProc, launch.VMReady, error) {
 	}
 	ctl := filepath.Join(b.binDir, "napitapctl")
 	var argv []string
-	if v.fds {
+	switch {
+	case v.plain:
+		argv = append(opener, "vm", "plain", capacityIfName, strconv.Itoa(queues))
+	case v.fds:
 		argv = append([]string{ctl, "--socket", b.daemon.socket, "exec", "--container", v.cid, "--ifname", capacityIfName, "--"}, opener...)
 		argv = append(argv, "vm", "fds", strconv.Itoa(queues))
-	} else {
+	default:
 		argv = append([]string{ctl, "launch", "--seccomp-socket", b.daemon.seccomp, "--"}, opener...)
 		argv = append(argv, "vm", "open", capacityIfName, strconv.Itoa(queues))
 	}

@@ -22,9 +22,12 @@ type CapacityRow struct {
 	// serving; TakeoverWall runs from its start. KillToServing runs from
 	// the SIGKILL to the next napitapd serving.
 	Takeover, TakeoverWall, KillToServing time.Duration
-	// The reference tap plugin's ADD and DEL of the N pods at once.
-	RefAdd, RefDel Series
-	RefFailures    int
+	// The reference tap plugin's ADD and DEL of the N pods at once, and
+	// its VMs: from ADD's start to holding every queue, and each queue's
+	// TUNSETIFF, the kernel's own (no NAPI, no agent).
+	RefAdd, RefDel            Series
+	RefToQueues, RefTUNSETIFF []time.Duration
+	RefFailures               int
 }
 
 // CapacityReport is one run of `napitap-bench capacity`.
@@ -95,6 +98,7 @@ func (r *CapacityReport) Growth() []Goal {
 		{"napitap ADD p50", dur(Percentile(a.Add.Wall, 50)), dur(Percentile(z.Add.Wall, 50)), fd, 0, ""},
 		{"ADD start to all queues with NAPI, p99", dur(Percentile(a.ToNAPI, 99)), dur(Percentile(z.ToNAPI, 99)), fd, 0, ""},
 		{"intercepted TUNSETIFF p99", dur(Percentile(a.TUNSETIFF, 99)), dur(Percentile(z.TUNSETIFF, 99)), fus, 0, ""},
+		{"tap plugin's VM: native TUNSETIFF p99", dur(Percentile(a.RefTUNSETIFF, 99)), dur(Percentile(z.RefTUNSETIFF, 99)), fus, 0, ""},
 		{"napitap DEL p99", dur(Percentile(a.Del.Wall, 99)), dur(Percentile(z.Del.Wall, 99)), fd, 0, ""},
 		{"takeover (request to serving)", dur(a.Takeover), dur(z.Takeover), fd, 0, ""},
 		{"SIGKILL to serving", dur(a.KillToServing), dur(z.KillToServing), fd, 0, ""},
@@ -139,7 +143,8 @@ func (r *CapacityReport) Markdown() string {
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	runHead{"capacity", "failures", r.FailureCount, r.Incomplete, r.CommandLine, r.Machine, r.Started, r.Elapsed, r.Build}.markdown(p)
 
-	p("Method: for each N, first the reference `tap` plugin (multiQueue) ADDs N pods at once and DELs them at once. ")
+	p("Method: for each N, first the reference `tap` plugin (multiQueue) ADDs N pods at once, each pod's VM opening its %d queues by name as soon as its ADD is back ", r.Queues)
+	p("(`vm plain tap0 %d`: the kernel's own `TUNSETIFF`, no agent, no NAPI), then DELs them at once. ", r.Queues)
 	p("Then N VM pods start at once, one goroutine each, as a node full of VMs starts after a drain: napitap's ADD of a %d-queue NAPI tap ", r.Queues)
 	p("in the pod's own netns (exec'd as libcni does, from a throwaway \"host\" netns), then, as soon as that ADD is back, the pod's VM: ")
 	p("half of them (intercept mode) `napitap-bench-launcher vm open tap0 %d` under `napitapctl launch`, which opens the queues by name as QEMU's ", r.Queues)
@@ -151,13 +156,13 @@ func (r *CapacityReport) Markdown() string {
 	p("taken back from napitap-fdstore. After each, napitapd must list all N. Then the VMs are stopped and the N DELs run at once. ")
 	p("p50/p99 are nearest-rank: with fewer than 100 samples p99 is the maximum. Everything runs as root, so no per-uid quota applies here.\n\n")
 
-	p("| N | ADD p50 / p99 | tap plugin ADD p50 / p99 | ADD p99 vs tap | to NAPI p50 / p99 | intercepted TUNSETIFF p50 / p99 | napitapd VmRSS, fds (idle) | napitapd VmRSS, fds (N running) | takeover | SIGKILL to serving | DEL p50 / p99 | tap plugin DEL p50 / p99 | DEL p99 vs tap | CPU per ADD, floor for N | failures |\n")
-	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| N | ADD p50 / p99 | tap plugin ADD p50 / p99 | ADD p99 vs tap | to NAPI p50 / p99 | tap plugin: to queues p50 / p99 | intercepted TUNSETIFF p50 / p99 | tap plugin: native TUNSETIFF p50 / p99 | napitapd VmRSS, fds (idle) | napitapd VmRSS, fds (N running) | takeover | SIGKILL to serving | DEL p50 / p99 | tap plugin DEL p50 / p99 | DEL p99 vs tap | CPU per ADD, floor for N | failures |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range r.Rows {
 		w := &r.Rows[i]
-		p("| %d | %s | %s | %s | %s | %s | %s, %d | %s, %d | %s (%s) | %s | %s | %s | %s | %s, %s | %d |\n", w.Pods,
+		p("| %d | %s | %s | %s | %s | %s | %s | %s | %s, %d | %s, %d | %s (%s) | %s | %s | %s | %s | %s, %s | %d |\n", w.Pods,
 			pq(w.Add.Wall, fmtDur), pq(w.RefAdd.Wall, fmtDur), fmtRatio(Ratio(Percentile(w.Add.Wall, 99), Percentile(w.RefAdd.Wall, 99))),
-			pq(w.ToNAPI, fmtDur), pq(w.TUNSETIFF, fmtMicros),
+			pq(w.ToNAPI, fmtDur), pq(w.RefToQueues, fmtDur), pq(w.TUNSETIFF, fmtMicros), pq(w.RefTUNSETIFF, fmtMicros),
 			fmtMiB(w.Idle.VmRSS), w.Idle.FDs, fmtMiB(w.Holding.VmRSS), w.Holding.FDs,
 			fmtDur(w.Takeover), fmtDur(w.TakeoverWall), fmtDur(w.KillToServing),
 			pq(w.Del.Wall, fmtDur), pq(w.RefDel.Wall, fmtDur), fmtRatio(Ratio(Percentile(w.Del.Wall, 99), Percentile(w.RefDel.Wall, 99))),
@@ -200,6 +205,7 @@ func (r *CapacityReport) SVG() string {
 		{"napitap DEL p99", "#c07a2a", false, p99(del, 99)},
 		{"tap plugin (reference) ADD p99", "#9e9e9e", false, p99(ref, 99)},
 		{"tap plugin (reference) ADD p50", "#9e9e9e", true, p99(ref, 50)},
+		{"tap plugin: ADD start to VM's queues p99", "#7fbf8a", false, p99(func(w *CapacityRow) []time.Duration { return w.RefToQueues }, 99)},
 		{"CPU floor of N ADDs", "#222", true, func(w *CapacityRow) time.Duration { return r.CPUFloor(w) }},
 	}
 	const (

@@ -17,6 +17,7 @@ func capacityRow(pods int, add, toNAPI []time.Duration, rss int64, fds int) Capa
 	return CapacityRow{
 		Pods: pods, Add: series(add, 0), Del: series(add, 0), RefAdd: series(add, 0), RefDel: series(add, 0),
 		ToNAPI: toNAPI, TUNSETIFF: []time.Duration{100 * time.Microsecond, 300 * time.Microsecond},
+		RefToQueues: toNAPI, RefTUNSETIFF: []time.Duration{8 * time.Microsecond, 20 * time.Microsecond},
 		Holding: DaemonStats{VmRSS: rss, FDs: fds}, Running: pods,
 		Takeover: 10 * time.Millisecond, TakeoverWall: 40 * time.Millisecond, KillToServing: 30 * time.Millisecond,
 	}
@@ -88,7 +89,7 @@ func TestTheCapacityReportRendersItsTableAndAWellFormedPlot(t *testing.T) {
 		Rows: []CapacityRow{capacityRow(1, ms(10), ms(20), 10*mib, 20), capacityRow(110, ms(400, 735), ms(800), 17*mib, 347)}}
 	md := r.Markdown()
 	for _, want := range []string{
-		"napitap-bench capacity --pods 1,110", "| 110 | 400 ms / 735 ms |", "| 100 µs / 300 µs |", "17.0 MiB, 347",
+		"napitap-bench capacity --pods 1,110", "| 110 | 400 ms / 735 ms |", "| 100 µs / 300 µs | 8 µs / 20 µs |", "17.0 MiB, 347", "`vm plain tap0 4`",
 		"## Growth from N=1 to N=110", "**missed**", "| met |",
 	} {
 		if !strings.Contains(md, want) {

@@ -29,15 +29,17 @@ type VMReady struct {
 // a hundred of them on two CPUs:
 //
 //	vm open TAP N   open N queues of TAP by name, as QEMU's ifname=TAP,queues=N does
+//	vm plain TAP N  the same, on a tap no agent serves (the reference plugin's)
 //	vm fds N        take N queues as fds 3, 4, ..., as QEMU's fds= does (napitapctl exec)
 //
-// Either checks that every queue is attached with IFF_NAPI, prints a
-// VMReady line on stdout, then holds the queues until stdin ends.
+// open and fds check that every queue is attached with IFF_NAPI; each
+// prints a VMReady line on stdout, then holds the queues until stdin ends.
 func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 	var queues []int
 	var ready VMReady
+	napi := len(args) == 0 || args[0] != "plain"
 	switch {
-	case len(args) == 3 && args[0] == "open":
+	case len(args) == 3 && (args[0] == "open" || args[0] == "plain"):
 		n, err := queueCount(args[2])
 		if err != nil {
 			return err
@@ -60,7 +62,7 @@ func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 			queues = append(queues, 3+i)
 		}
 	default:
-		return errors.New("usage: vm open TAP QUEUES | vm fds QUEUES")
+		return errors.New("usage: vm open TAP QUEUES | vm plain TAP QUEUES | vm fds QUEUES")
 	}
 	defer closeFDs(queues)
 	for i, fd := range queues {
@@ -68,7 +70,7 @@ func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("queue %d (fd %d): %w", i+1, fd, err)
 		}
-		if flags&unix.IFF_NAPI == 0 {
+		if napi && flags&unix.IFF_NAPI == 0 {
 			return fmt.Errorf("queue %d (fd %d) is attached without IFF_NAPI (flags 0x%x)", i+1, fd, flags)
 		}
 	}
