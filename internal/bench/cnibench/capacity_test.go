@@ -124,7 +124,7 @@ func TestParseCapacityFlags(t *testing.T) {
 	if len(c.pods) != 3 || c.pods[2] != 110 || c.queues != 4 || o.out != "/tmp/x" {
 		t.Errorf("%+v %+v", o, c)
 	}
-	for _, bad := range [][]string{{"--pods", "0"}, {"--pods", ""}, {"--pods", "x"}, {"--queues", "0"}, {"--queues", "254"}, {"extra"}} {
+	for _, bad := range [][]string{{"--pods", "0"}, {"--pods", ""}, {"--pods", "x"}, {"--queues", "0"}, {"--queues", "254"}, {"--napitapd-nice", "-21"}, {"extra"}} {
 		if _, _, err := parseCapacityFlags(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -53,6 +53,9 @@ type options struct {
 	bursts             []int
 	out, bin           string
 	args               []string
+	// napitapdNice runs napitapd at that nice value, all its threads
+	// (capacity): 0 is as the DaemonSet runs it.
+	napitapdNice int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -491,8 +494,13 @@ func (b *bench) startDaemon(flags ...string) (*daemon, error) {
 	}
 	defer logf.Close()
 	// A sweep lists every attachment's netns and tap; keep it out of the timings.
-	d.cmd = exec.Command(filepath.Join(b.binDir, "napitapd"), append([]string{"--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
-		"--seccomp-socket", d.seccomp}, flags...)...)
+	argv := append([]string{filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
+		"--seccomp-socket", d.seccomp}, flags...)
+	if b.opt.napitapdNice != 0 {
+		// nice(1) execs napitapd in its own process: the PID stays.
+		argv = append([]string{"nice", "-n", strconv.Itoa(b.opt.napitapdNice)}, argv...)
+	}
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Its own process group: a ^C for the bench must not take napitapd
 	// down before the bench has released what it holds; stop() ends it.
