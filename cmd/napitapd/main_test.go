@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -210,5 +212,31 @@ func TestMetricsSayWhatNapitapdHoldsAndAnswered(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("/metrics:\n%s\nnapitapd's log:\n%s", body, log.String())
+	}
+}
+
+// TestNiceReachesEveryNapitapdThread: --nice is every thread's, the
+// seccomp agent's included, not only the main thread's.
+func TestNiceReachesEveryNapitapdThread(t *testing.T) {
+	nstest.RequireRoot(t)
+	sub := t.TempDir()
+	p := paths{socket: filepath.Join(sub, "napitapd.sock"), seccomp: filepath.Join(sub, "seccomp.sock"), state: filepath.Join(sub, "state")}
+	d := startNapitapdProc(t, p, "--nice", "-7")
+	waitFile(t, p.seccomp)
+	pid := d.cmd.Process.Pid
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		// Field 19, counted after the command name's closing parenthesis.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 17 || f[16] != "-7" {
+			t.Errorf("napitapd (pid %d) thread %s: stat %q, want nice -7", pid, task.Name(), b)
+		}
 	}
 }

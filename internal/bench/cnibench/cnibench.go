@@ -53,8 +53,8 @@ type options struct {
 	bursts             []int
 	out, bin           string
 	args               []string
-	// napitapdNice runs napitapd at that nice value, all its threads
-	// (capacity): 0 is as the DaemonSet runs it.
+	// napitapdNice is napitapd's --nice (capacity): 0 is as the
+	// DaemonSet runs it.
 	napitapdNice int
 }
 
@@ -497,8 +497,7 @@ func (b *bench) startDaemon(flags ...string) (*daemon, error) {
 	argv := append([]string{filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
 		"--seccomp-socket", d.seccomp}, flags...)
 	if b.opt.napitapdNice != 0 {
-		// nice(1) execs napitapd in its own process: the PID stays.
-		argv = append([]string{"nice", "-n", strconv.Itoa(b.opt.napitapdNice)}, argv...)
+		argv = append(argv, "--nice", strconv.Itoa(b.opt.napitapdNice))
 	}
 	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
