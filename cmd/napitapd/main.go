@@ -24,7 +24,6 @@ import (
 
 	"github.com/napitap/napitap/pkg/daemon"
 	"github.com/napitap/napitap/pkg/handoff"
-	"github.com/napitap/napitap/pkg/nice"
 	"github.com/napitap/napitap/pkg/seccompagent"
 	"github.com/napitap/napitap/pkg/supervise"
 )
@@ -41,7 +40,6 @@ type options struct {
 	successorWait                   time.Duration
 	supervise                       bool
 	metricsAddress                  string
-	nice                            int
 }
 
 func main() {
@@ -59,7 +57,6 @@ func main() {
 	flag.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, serve on for up to this long for a new napitapd to take everything over before stopping (in a DaemonSet: the deleted pod's replacement, which starts while it terminates; keep it under terminationGracePeriodSeconds); 0: stop at once")
 	flag.BoolVar(&o.supervise, "supervise", false, "run napitapd as a child process and start it again at once when a signal kills it (SIGKILL, the OOM killer, a crash), so that the kubelet's restart back-off does not keep it down; a child that exits, or is killed more than 5 times a minute, ends this process with its status")
 	flag.StringVar(&o.metricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on, at /metrics (shared with the next napitapd during a takeover); empty: none")
-	flag.IntVar(&o.nice, "nice", 0, "nice value of every napitapd thread (-20..19; below 0 needs CAP_SYS_NICE): a VMM's intercepted TUNSETIFF waits for napitapd's seccomp agent to get a CPU, most of its time when a node starts many VMs at once (docs/bench/capacity.md)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
@@ -84,11 +81,6 @@ func run(logger *slog.Logger, o options) error {
 	// are for CAP_SYS_PTRACE alone, whatever capabilities it runs with.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %w", err)
-	}
-	if o.nice != 0 {
-		if err := nice.SetAll(o.nice); err != nil {
-			return fmt.Errorf("--nice %d: %w", o.nice, err)
-		}
 	}
 	// Before any socket exists: a SIGTERM during startup still gets the
 	// orderly stop that removes them.

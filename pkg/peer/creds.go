@@ -280,9 +280,14 @@ func chainOf(fd int) (userNSChain, error) {
 		}
 		chain = append(chain, userNS{id, owner})
 		parent, err := unix.IoctlRetInt(cur, unix.NS_GET_PARENT)
-		if err != nil {
+		if errors.Is(err, unix.EPERM) {
 			// The initial namespace, or napitapd's.
 			return chain, nil
+		}
+		if err != nil {
+			// Not the top: a chain cut short here would be cached for the
+			// netns, and deny for good what the kernel allows.
+			return nil, fmt.Errorf("user namespace parent: %w", err)
 		}
 		if cur != fd {
 			unix.Close(cur)

@@ -404,7 +404,9 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	// The caller now waits on this CPU (notifSyncWakeUp) for as long as
 	// this thread runs on, through what follows and Go's parking: let it
 	// run first.
-	schedYield()
+	if err == nil {
+		schedYield()
+	}
 	if v.announce != nil {
 		v.announce()
 	}

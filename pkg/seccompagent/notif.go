@@ -71,7 +71,14 @@ func notifRecv(listener int, n *seccompNotif) error {
 // kernel before 6.6 knows neither the ioctl (ENOTTY) nor, should it
 // know another flag, this one (EINVAL): it wakes them as it always did.
 func notifSyncWakeUp(listener int) error {
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SET_FLAGS, unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+	var errno unix.Errno
+	for {
+		// The kernel takes the listener's lock interruptibly.
+		_, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SET_FLAGS, unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+		if errno != unix.EINTR {
+			break
+		}
+	}
 	switch errno {
 	case 0, unix.ENOTTY, unix.EINVAL:
 		return nil

@@ -85,10 +85,11 @@ func TestADetachedListenerIsServedByTheAgentThatAdoptsIt(t *testing.T) {
 			if !res.Merged {
 				t.Errorf("GRO probe on the last queue merged nothing: frame lengths %v", res.SKBLens)
 			}
+			// Once idle: the agent logs an attach after its answer.
+			next.waitIdle(t)
 			if n := bytes.Count([]byte(next.log.String()), []byte("attached the caller's queue with NAPI")); n != 2 {
 				t.Errorf("the new agent attached %d queues, want 2", n)
 			}
-			next.waitIdle(t)
 		})
 	}
 }

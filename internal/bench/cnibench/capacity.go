@@ -55,7 +55,7 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 	pods := fs.String("pods", "1,10,50,110", "VM pods started at once, comma-separated, each count in turn")
 	fs.IntVar(&c.queues, "queues", 4, "queues per VM pod")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for capacity.md and capacity.svg")
-	fs.IntVar(&o.napitapdNice, "napitapd-nice", 0, "napitapd's --nice (-20..19): how much of an intercepted TUNSETIFF under a burst is waiting for a CPU")
+	fs.IntVar(&o.napitapdNice, "napitapd-nice", 0, "run napitapd at this nice value (-20..19): how much of an intercepted TUNSETIFF under a burst is waiting for a CPU")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(capacityBinaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench capacity [flags]   (as root)\n\n"+

@@ -53,8 +53,8 @@ type options struct {
 	bursts             []int
 	out, bin           string
 	args               []string
-	// napitapdNice is napitapd's --nice (capacity): 0 is as the
-	// DaemonSet runs it.
+	// napitapdNice runs napitapd under nice(1) at that value
+	// (capacity): 0 is as the DaemonSet runs it.
 	napitapdNice int
 }
 
@@ -497,7 +497,9 @@ func (b *bench) startDaemon(flags ...string) (*daemon, error) {
 	argv := append([]string{filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
 		"--seccomp-socket", d.seccomp}, flags...)
 	if b.opt.napitapdNice != 0 {
-		argv = append(argv, "--nice", strconv.Itoa(b.opt.napitapdNice))
+		// nice(1) execs napitapd in the same process, every thread
+		// started from one at that value.
+		argv = append([]string{"nice", "-n", strconv.Itoa(b.opt.napitapdNice)}, argv...)
 	}
 	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
