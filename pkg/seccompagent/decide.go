@@ -143,6 +143,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	// kernel asks of it there.
 	owners, err := sock.netnsOwners(nsfd, netnsID)
 	if err != nil {
+		log.Warn("cannot read the user namespaces that own the tap's netns; left to the kernel (no NAPI)", "err", err)
 		return continueVerdict
 	}
 	c, err := peer.Thread(tid, pidfd, owners)

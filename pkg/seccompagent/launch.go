@@ -89,10 +89,11 @@ func SendListener(socket string, listener int, st *specs.ContainerProcessState) 
 	pause := 2 * time.Millisecond
 	for {
 		err := sendListenerOnce(socket, listener, b, deadline)
-		if !errors.Is(err, errUnread) || time.Now().Add(pause).After(deadline) {
+		sleep := pause/2 + rand.N(pause)
+		if !errors.Is(err, errUnread) || time.Now().Add(sleep).After(deadline) {
 			return err
 		}
-		time.Sleep(pause/2 + rand.N(pause))
+		time.Sleep(sleep)
 		pause = min(2*pause, 250*time.Millisecond)
 	}
 }
