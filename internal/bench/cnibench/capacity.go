@@ -230,44 +230,34 @@ func (b *bench) capacityRef(ctx context.Context, copt *capacityOptions, row *Cap
 	}
 	n := len(pods)
 	prefix := fmt.Sprintf("napitap-bench-%s-cap%d-tap-", b.suffix, n)
-	inv := func(i int, command string) invocation {
-		return invocation{Plugin: "tap", Command: command, ContainerID: prefix + strconv.Itoa(i), Netns: pods[i].Path(), IfName: capacityIfName, Conf: conf}
-	}
-	adds := make([]run, n)
 	vms := make([]*vmPod, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			start := time.Now()
-			if adds[i] = b.execNow(ctx, inv(i, "ADD")); adds[i].Err != nil {
-				return
-			}
-			v := &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), plain: true}
-			var err error
-			if v.vm, v.ready, err = b.startVM(v, copt.queues); err != nil {
-				b.fail("N=%d: VM of %s (plain): %v", n, v.cid, err)
-				return
-			}
-			v.toNAPI = time.Unix(0, v.ready.At).Sub(start)
-			vms[i] = v
-		})
+	for i := range vms {
+		vms[i] = &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), conf: conf, plain: true}
 	}
-	wg.Wait()
-	b.tallyInto(&row.RefAdd, &row.RefFailures, "tap ADD", prefix, adds)
-	for i, v := range vms {
+	inv := func(v *vmPod, command string) invocation {
+		return invocation{Plugin: "tap", Command: command, ContainerID: v.cid, Netns: v.pod.Path(), IfName: capacityIfName, Conf: v.conf}
+	}
+	b.startPods(ctx, vms, inv, copt.queues)
+	for _, v := range vms {
 		switch {
-		case v == nil && adds[i].Err == nil:
+		case v.add.Err != nil:
 			row.RefFailures++
-		case v != nil:
+			b.fail("tap ADD %s: %v", v.cid, v.add.Err)
+			continue
+		case v.vm == nil:
+			row.RefFailures++
+		default:
 			row.RefToQueues = append(row.RefToQueues, v.toNAPI)
 			row.RefTUNSETIFF = append(row.RefTUNSETIFF, v.ready.TUNSETIFF...)
 			if err := v.vm.stop(); err != nil {
 				b.fail("N=%d: VM of %s: %v", n, v.cid, err)
 			}
 		}
+		row.RefAdd.Add(v.add.Wall, v.add.CPU, v.add.MaxRSS)
+		row.RefAdd.SysTotal += v.add.Sys
 	}
 	_ = b.settle(ctx)
-	dels := b.execAll(context.Background(), n, func(i int) invocation { return inv(i, "DEL") })
+	dels := b.execAll(context.Background(), n, func(i int) invocation { return inv(vms[i], "DEL") })
 	b.tallyInto(&row.RefDel, &row.RefFailures, "tap DEL", prefix, dels)
 }
 
@@ -353,23 +343,19 @@ type vmPod struct {
 func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *CapacityRow, pods []*netNS, daemonFlags []string) error {
 	n := len(pods)
 	prefix := fmt.Sprintf("napitap-bench-%s-cap%d-vm-", b.suffix, n)
-	confs := map[bool][]byte{}
-	for _, fds := range []bool{false, true} {
-		mode := "intercept"
-		if fds {
-			mode = "fds"
-		}
-		conf, err := stepConf(step{typ: "napitap", conf: napitapConf(copt.queues, true,
-			map[string]any{"handoff": map[string]any{"socket": b.daemon.socket, "mode": mode, "required": true}})}, nil)
-		if err != nil {
-			return err
-		}
-		confs[fds] = conf
-	}
+	confs := map[string][]byte{}
 	vms := make([]*vmPod, n)
 	for i := range vms {
-		vms[i] = &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), fds: i%2 == 1}
-		vms[i].conf = confs[vms[i].fds]
+		v := &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), fds: i%2 == 1}
+		if confs[v.mode()] == nil {
+			conf, err := stepConf(step{typ: "napitap", conf: napitapConf(copt.queues, true,
+				map[string]any{"handoff": map[string]any{"socket": b.daemon.socket, "mode": v.mode(), "required": true}})}, nil)
+			if err != nil {
+				return err
+			}
+			confs[v.mode()] = conf
+		}
+		v.conf, vms[i] = confs[v.mode()], v
 	}
 	inv := func(v *vmPod, command string) invocation {
 		return invocation{Plugin: "napitap", Command: command, ContainerID: v.cid, Netns: v.pod.Path(), IfName: capacityIfName, Conf: v.conf}
@@ -379,23 +365,7 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 	if row.Idle, err = b.daemon.stats(); err != nil {
 		b.fail("N=%d: napitapd stats: %v", n, err)
 	}
-	// All at once: each pod's ADD, then its VM, as soon as the ADD is back.
-	var wg sync.WaitGroup
-	for _, v := range vms {
-		wg.Go(func() {
-			start := time.Now()
-			if v.add = b.execNow(ctx, inv(v, "ADD")); v.add.Err != nil {
-				return
-			}
-			var err error
-			if v.vm, v.ready, err = b.startVM(v, copt.queues); err != nil {
-				b.fail("N=%d: VM of %s (%s mode): %v", n, v.cid, modeName(v.fds), err)
-				return
-			}
-			v.toNAPI = time.Unix(0, v.ready.At).Sub(start)
-		})
-	}
-	wg.Wait()
+	b.startPods(ctx, vms, inv, copt.queues)
 	running := 0
 	for _, v := range vms {
 		if v.add.Err != nil {
@@ -455,11 +425,38 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 	return ctx.Err()
 }
 
-func modeName(fds bool) string {
-	if fds {
+// mode is how v's VM gets its queues: napitap's handoff mode, or plain
+// for the reference plugin's pod.
+func (v *vmPod) mode() string {
+	switch {
+	case v.plain:
+		return "plain"
+	case v.fds:
 		return "fds"
 	}
 	return "intercept"
+}
+
+// startPods starts every pod at once: its ADD, then its VM as soon as the
+// ADD is back, as the kubelet starts a pod's containers; "to NAPI" runs
+// from the ADD's start to the VM holding its queues.
+func (b *bench) startPods(ctx context.Context, vms []*vmPod, inv func(*vmPod, string) invocation, queues int) {
+	var wg sync.WaitGroup
+	for _, v := range vms {
+		wg.Go(func() {
+			start := time.Now()
+			if v.add = b.execNow(ctx, inv(v, "ADD")); v.add.Err != nil {
+				return
+			}
+			var err error
+			if v.vm, v.ready, err = b.startVM(v, queues); err != nil {
+				b.fail("N=%d: VM of %s (%s): %v", len(vms), v.cid, v.mode(), err)
+				return
+			}
+			v.toNAPI = time.Unix(0, v.ready.At).Sub(start)
+		})
+	}
+	wg.Wait()
 }
 
 // checkHeld: napitapd lists want attachments of the round's, each fds-mode
