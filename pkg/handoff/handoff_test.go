@@ -1381,6 +1381,12 @@ func runHelper() int {
 		return fail("%v", err)
 	}
 
+	switch os.Getenv("NAPITAP_HELPER_OP") {
+	case "borrow":
+		return runBorrow(fail)
+	case "borrowed-fetch":
+		return runBorrowedFetch(fail)
+	}
 	c := &handoff.Client{Socket: os.Getenv("NAPITAP_HELPER_SOCKET"), Timeout: 10 * time.Second}
 	var key *handoff.Key
 	if s := os.Getenv("NAPITAP_HELPER_KEY"); s != "" {

@@ -17,6 +17,19 @@
 // which the initial user namespace owns. Every capability check here
 // follows the kernel's cap_capable from the user namespace that owns the
 // object up to the process's own.
+//
+// A connection speaks with its connecting process's identity as it was
+// when it connected, never as that process is when it asks: it may have
+// passed the connection on and exec'd a program that gained privilege
+// (setuid, file capabilities), and its pid is the same. Its uid, gid and
+// supplementary groups are the kernel's record at connect time
+// (SO_PEERCRED, SO_PEERGROUPS); its capabilities, which the kernel does not
+// record, count only if it was root then. An exec cannot give a root
+// process more than the code it chose to run could have had anyway (its
+// bounding set, or with no_new_privs its permitted set), so reading a
+// root's capabilities at request time lends it nothing. The one exception,
+// a root under SECBIT_NOROOT exec'ing a file-capability program, is in
+// docs/threat-model.md.
 package peer
 
 import (
@@ -24,6 +37,7 @@ import (
 	"fmt"
 	"net"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,6 +59,9 @@ var ErrGone = errors.New("the peer has exited")
 type Process struct {
 	Pid      int
 	UID, GID uint32 // the kernel's record at connect time (SO_PEERCRED), or Accepting's read
+	// Groups are the supplementary groups at connect time (SO_PEERGROUPS);
+	// nil from Accepting.
+	Groups []uint32
 	pidfd    int    // -1: before Linux 6.5, none; see pidfdErr
 	// pidfdErr: the kernel has SO_PEERPIDFD but it failed: the pid
 	// cannot be confirmed, and every question about the process fails
@@ -74,26 +91,29 @@ func Cred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, nil
 }
 
-// Connected is the process that connected to c, which this side accepted.
-// Close it when done.
+// Connected is the process that connected to c, which this side accepted,
+// as the kernel recorded it then. Close it when done.
 func Connected(c *net.UnixConn) (*Process, error) {
-	cred, err := Cred(c)
-	if err != nil {
-		return nil, err
-	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	var pidfdErr error
+	var cred *unix.Ucred
+	var credErr, groupsErr, pidfdErr error
 	p := &Process{pidfd: -1, conn: c}
 	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		p.Groups, groupsErr = peerGroups(int(fd))
 		p.pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	}); err != nil {
 		return nil, err
 	}
 	if pidfdErr != nil {
 		p.pidfd = -1
+	}
+	if err := errors.Join(wrapErr("SO_PEERCRED", credErr), wrapErr("SO_PEERGROUPS", groupsErr)); err != nil {
+		p.Close()
+		return nil, err
 	}
 	p.Pid, p.UID, p.GID = int(cred.Pid), cred.Uid, cred.Gid
 	switch {
@@ -111,6 +131,32 @@ func Connected(c *net.UnixConn) (*Process, error) {
 		p.pidfdErr = fmt.Errorf("SO_PEERPIDFD: %w", pidfdErr)
 	}
 	return p, nil
+}
+
+func wrapErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// peerGroups reads SO_PEERGROUPS (Linux 4.13): the supplementary groups
+// of the connecting process at connect time.
+func peerGroups(fd int) ([]uint32, error) {
+	groups := make([]uint32, 64)
+	for {
+		size := uint32(len(groups) * 4)
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&groups[0])), uintptr(unsafe.Pointer(&size)), 0)
+		switch {
+		case errno == unix.ERANGE && int(size/4) > len(groups):
+			groups = make([]uint32, size/4) // the size it needs
+		case errno != 0:
+			return nil, errno
+		default:
+			return groups[:size/4], nil
+		}
+	}
 }
 
 // Accepting is the process pid, which says it accepted c (this side
@@ -149,12 +195,30 @@ func (p *Process) Close() {
 // String names the process in logs and errors.
 func (p *Process) String() string { return fmt.Sprintf("pid %d uid %d", p.Pid, p.UID) }
 
-// Creds are p's credentials now, with NetAdmin over the netns netnsFD (-1:
+// Creds are p's credentials, with NetAdmin over the netns netnsFD (-1:
 // none asked), confirmed to be the peer's own: ErrGone once it exited.
+// For a peer that connected (Connected) its uid, gid and groups are those
+// of connect time, and it has capabilities only if it was root then
+// (package doc); Accepting's peer is read as it is now.
 func (p *Process) Creds(netnsFD int) (Creds, error) {
+	if p.conn != nil && p.UID != 0 {
+		// Nothing to read: what it became since it connected counts
+		// for nothing.
+		err := p.pinned()
+		if err == nil {
+			err = p.alive()
+		}
+		if err != nil {
+			return Creds{}, fmt.Errorf("credentials of pid %d: %w", p.Pid, err)
+		}
+		return Creds{EUID: p.UID, EGID: p.GID, Groups: p.Groups, GroupsRead: true}, nil
+	}
 	c, err := p.read(netnsFD)
 	if err != nil {
 		return c, fmt.Errorf("credentials of pid %d: %w", p.Pid, err)
+	}
+	if p.conn != nil {
+		c.EUID, c.EGID, c.Groups = p.UID, p.GID, p.Groups
 	}
 	return c, nil
 }
