@@ -305,7 +305,7 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 				d.log.Error("takeover: a seccomp listener is lost", "listener", f.Origin, "err", err)
 				continue
 			}
-			d.listeners = append(d.listeners, seccompagent.Listener{File: c, UID: f.UID, Origin: f.Origin, ID: f.ID, OwnTaps: f.OwnTaps})
+			d.listeners = append(d.listeners, seccompagent.Listener{File: c, UID: f.UID, PodRoot: f.PodRoot, Origin: f.Origin, ID: f.ID, OwnTaps: f.OwnTaps})
 		case takeover.KindSlot:
 			if f.ID != "" {
 				slots[f.ID] = f.File
@@ -544,7 +544,7 @@ func (d *daemon) Detach() []takeover.File {
 	d.srv.Drain()
 	if d.agent != nil {
 		for _, l := range d.agent.Detach() {
-			add(takeover.Item{Kind: takeover.KindListener, UID: l.UID, Origin: l.Origin, ID: l.ID, OwnTaps: l.OwnTaps}, l.File)
+			add(takeover.Item{Kind: takeover.KindListener, UID: l.UID, PodRoot: l.PodRoot, Origin: l.Origin, ID: l.ID, OwnTaps: l.OwnTaps}, l.File)
 			if l.Slot != nil {
 				add(takeover.Item{Kind: takeover.KindSlot, ID: l.ID}, l.Slot)
 			}

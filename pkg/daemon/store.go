@@ -57,7 +57,7 @@ func (s *holderStore) Keep(l seccompagent.Listener) {
 	if l.Slot != nil {
 		files = append(files, l.Slot)
 	}
-	s.put(entryListener+l.ID, takeover.Item{Kind: takeover.KindListener, UID: l.UID, Origin: l.Origin, ID: l.ID, OwnTaps: l.OwnTaps}, files...)
+	s.put(entryListener+l.ID, takeover.Item{Kind: takeover.KindListener, UID: l.UID, PodRoot: l.PodRoot, Origin: l.Origin, ID: l.ID, OwnTaps: l.OwnTaps}, files...)
 }
 
 func (s *holderStore) Forget(id string) { s.m.Drop(entryListener + id) }

@@ -199,14 +199,20 @@ type flooder struct {
 	stder *syncbuf.Buffer
 }
 
-func startFlooder(t *testing.T, socket string, idle, attempts int) (*flooder, floodReport) {
+// startFlooder starts the flooding peer as uid floodUID, or with
+// caplessRoot as uid 0 without any capability (a pod's root).
+func startFlooder(t *testing.T, socket string, idle, attempts int, caplessRoot bool) (*flooder, floodReport) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$")
+	uid, gid := floodUID, floodSocketGroup
+	if caplessRoot {
+		cmd, uid, gid = nstest.AsCaplessRoot(t, cmd), 0, 0
+	}
 	cmd.Env = append(os.Environ(), floodEnv+"=1", "NAPITAP_FLOOD_SOCKET="+socket,
 		fmt.Sprintf("NAPITAP_FLOOD_IDLE=%d", idle), fmt.Sprintf("NAPITAP_FLOOD_ATTEMPTS=%d", attempts),
-		fmt.Sprintf("NAPITAP_FLOOD_UID=%d", floodUID), fmt.Sprintf("NAPITAP_FLOOD_GID=%d", floodSocketGroup))
+		fmt.Sprintf("NAPITAP_FLOOD_UID=%d", uid), fmt.Sprintf("NAPITAP_FLOOD_GID=%d", gid))
 	f := &flooder{cmd: cmd, stder: &syncbuf.Buffer{}}
 	cmd.Stderr = f.stder
 	var err error
@@ -262,6 +268,20 @@ func (f *flooder) stop(t *testing.T) {
 	}
 }
 
+// dropTo makes this process uid and gid, with no supplementary groups.
+func dropTo(uid, gid int) error {
+	if err := syscall.Setgroups([]int{}); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if err := syscall.Setresgid(gid, gid, gid); err != nil {
+		return fmt.Errorf("setresgid %d: %w", gid, err)
+	}
+	if err := syscall.Setresuid(uid, uid, uid); err != nil {
+		return fmt.Errorf("setresuid %d: %w", uid, err)
+	}
+	return nil
+}
+
 // runFlood is the flooding peer's main.
 func runFlood() int {
 	out := json.NewEncoder(os.Stdout)
@@ -278,15 +298,12 @@ func runFlood() int {
 		return fail("environment: %v", err)
 	}
 	// The binary lives in a directory only root may enter, so the peer
-	// starts as root and drops to uid/gid before it connects.
-	if err := syscall.Setgroups([]int{}); err != nil {
-		return fail("setgroups: %v", err)
-	}
-	if err := syscall.Setresgid(gid, gid, gid); err != nil {
-		return fail("setresgid %d: %v", gid, err)
-	}
-	if err := syscall.Setresuid(uid, uid, uid); err != nil {
-		return fail("setresuid %d: %v", uid, err)
+	// starts as root and drops to uid/gid before it connects (a capless
+	// root stays who it is).
+	if uid != 0 {
+		if err := dropTo(uid, gid); err != nil {
+			return fail("%v", err)
+		}
 	}
 	rep := floodReport{Uid: os.Getuid(), Gid: os.Getgid()}
 
@@ -450,7 +467,7 @@ func TestConnectionFloodFromTheSocketGroup(t *testing.T) {
 
 	// The idle connections. One uid gets its limit's worth, napitapd
 	// closes the rest at once.
-	f, rep := startFlooder(t, d.socket, idle, attempts)
+	f, rep := startFlooder(t, d.socket, idle, attempts, false)
 	if rep.Uid != floodUID || rep.Gid != floodSocketGroup {
 		t.Fatalf("flooding peer ran as %d/%d", rep.Uid, rep.Gid)
 	}
@@ -546,6 +563,40 @@ func TestConnectionFloodFromTheSocketGroup(t *testing.T) {
 	}
 }
 
+// TestAFloodFromAPodsRootLeavesRoomForEveryoneElse replays security
+// round 6's second attack on the hand-off socket: uid 0 without any
+// capability, as a pod's root that mounts /run/napitap is, opens 300 idle
+// connections. It is a tenant like any other uid: it keeps its uid's
+// share, and napitapd's equal (the plugin's register) and another tenant
+// are still served.
+func TestAFloodFromAPodsRootLeavesRoomForEveryoneElse(t *testing.T) {
+	nstest.RequireRoot(t)
+	d := startNapitapd(t)
+	c := d.client()
+	pod := nstest.New(t, "handoff")
+	const owner = 107
+	vmm := handoff.Key{ContainerID: "flood-root-vmm", IfName: "net1"}
+
+	f, rep := startFlooder(t, d.socket, 300, 0, true)
+	defer f.stop(t)
+	t.Logf("300 idle connections from uid %d without capabilities: napitapd kept %d", rep.Uid, rep.Open)
+	if rep.Uid != 0 {
+		t.Fatalf("the flooding peer ran as uid %d, want 0", rep.Uid)
+	}
+	if rep.Open != handoff.DefaultMaxConnsPerUID {
+		t.Errorf("napitapd kept %d of the pod root's 300 idle connections, want its uid's share %d", rep.Open, handoff.DefaultMaxConnsPerUID)
+	}
+	// The plugin's ADD: a register by napitapd's equal.
+	register(t, c, withOwner(attachmentFor(pod, vmm, "net-a", "napihofr", 2), owner, owner),
+		newTap(t, pod, "napihofr", 2, ptr[uint32](owner), ptr[uint32](owner)))
+	t.Cleanup(func() { _ = c.Release(vmm) })
+	// Another tenant: the VMM.
+	res := runPeer(t, d.socket, helperArgs{netns: pod.Path(), uid: ptr(owner), gid: ptr(owner), groups: []int{floodSocketGroup}, op: "fetch", key: &vmm})
+	if res.Code != "" || res.FDs != 2 || !res.NAPI {
+		t.Errorf("the VMM of uid %d during the flood: code %q (%s), %d fds, NAPI %v; want its 2 NAPI queues", owner, res.Code, res.Err, res.FDs, res.NAPI)
+	}
+}
+
 // TestOutOfFDsNapitapdWaitsAndServesAgain: with so low an RLIMIT_NOFILE that
 // accept fails with EMFILE, napitapd waits and serves again once
 // connections close, instead of exiting and dropping every queue it holds.
@@ -614,45 +665,32 @@ func closeFiles(files []*os.File) {
 	}
 }
 
-// TestACallerHungUpOnAtTheConnectionLimitAsksAgain: a burst of DELs can
-// hold more connections than napitapd serves at once; it hangs up on the
-// rest, and the client asks again until its deadline instead of leaving
-// the attachment held (a DEL goes on without napitapd).
+// TestACallerHungUpOnAtTheConnectionLimitAsksAgain: a tenant can hold
+// all the connections its uid may; napitapd hangs up on the next one of
+// that uid, and the client asks again until its deadline instead of
+// failing at once (a VMM's fetch outlives a burst of its uid's fetches).
 func TestACallerHungUpOnAtTheConnectionLimitAsksAgain(t *testing.T) {
 	nstest.RequireRoot(t)
 	d := startNapitapd(t, "--max-conns", "4", "--max-conns-per-uid", "1")
-	c := d.client()
 	pod := nstest.New(t, "handoff")
 	key := handoff.Key{ContainerID: "burst", IfName: "net1"}
-	registerNew(t, c, pod, key, "napihobu", 2)
+	registerNew(t, d.client(), pod, key, "napihobu", 2)
 
-	fds0, _ := d.settledFDs(t)
-	var conns []*os.File
-	for range 4 {
-		conns = append(conns, dialFile(t, d.socket))
-	}
-	defer closeFiles(conns)
-	// Each accepted connection costs napitapd its socket and the peer's pidfd.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if n, _ := d.fds(t); n >= fds0+8 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("napitapd has %d fds, want %d with 4 connections", n, fds0+8)
-		}
+	f, rep := startFlooder(t, d.socket, 1, 0, false)
+	if rep.Open != 1 {
+		t.Fatalf("uid %d holds %d connections, want 1", rep.Uid, rep.Open)
 	}
 	go func() {
 		for deadline := time.Now().Add(5 * time.Second); d.logLines("refused connection") == 0 && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
-		closeFiles(conns)
+		f.in.Close() // the flooder lets its connection go
 	}()
-	if err := c.Release(key); err != nil {
-		t.Fatalf("Release while napitapd is at its connection limit: %v", err)
+	res := runPeer(t, d.socket, helperArgs{netns: pod.Path(), uid: ptr(floodUID), gid: ptr(floodSocketGroup), op: "list"})
+	if res.Code != "" || !slices.Equal(res.Attachments, []string{key.String()}) {
+		t.Errorf("a list by uid %d while it was at its limit: code %q (%s), %v; want %s", floodUID, res.Code, res.Err, res.Attachments, key)
 	}
 	if n := d.logLines("refused connection"); n == 0 {
 		t.Error("napitapd refused no connection: the limit was never hit")
-	}
-	if atts, err := c.List(); err != nil || len(atts) != 0 {
-		t.Errorf("napitapd lists %+v (%v) after the release, want nothing", atts, err)
 	}
 }

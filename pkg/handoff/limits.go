@@ -19,26 +19,28 @@ import (
 // that dies stalls every VM until it is back (its fd holder keeps the
 // queues, not the service). So it serves a bounded number.
 const (
-	// DefaultMaxConns: a node runs about 110 pods (kubelet's default
-	// max-pods), and ADD, DEL, GC and a VMM's fetch each hold a connection
-	// for milliseconds. 256 is far more than they ever need at once, and
+	// DefaultMaxConns bounds the connections of every tenant together
+	// (Limits). A node runs about 110 pods (kubelet's default max-pods),
+	// and a VMM's fetch or a list holds a connection for milliseconds. 256
 	// costs at most 512 fds and a few MiB.
 	DefaultMaxConns = 256
 	// DefaultMaxConnsPerUID: the VMMs of one runtime may share a uid
 	// (KubeVirt's qemu is 107) but fetch once per VM start; 32 at once is a
-	// start rate no node reaches. It keeps any one uid to an eighth of the
-	// connections.
+	// start rate no node reaches. One tenant holding its 32 (a pod's root
+	// flooding) leaves the others 224, two at once for each other pod of a
+	// 110-pod node, and the plugin, no tenant, is never refused.
 	DefaultMaxConnsPerUID = 32
 )
 
 // Limits bound the connections a Server serves at once. Zero fields take
 // the defaults.
 type Limits struct {
-	// MaxConns counts every connection. Uids other than root together get
-	// MaxConns-MaxConnsPerUID of them, so that no flood from them locks
-	// root (napitap's ADD and DEL) out.
+	// MaxConns counts the connections of every tenant together: every
+	// peer but napitapd's equal (the plugin's ADD, DEL and GC, napitapctl
+	// as root), which no bound refuses (unixsock.UIDQuota).
 	MaxConns int
-	// MaxConnsPerUID is the most one uid other than root may hold.
+	// MaxConnsPerUID is the most one tenant uid may hold, root's (a pod's)
+	// included.
 	MaxConnsPerUID int
 }
 
@@ -59,7 +61,7 @@ func (l Limits) Validate() error {
 		return fmt.Errorf("connection limits %d and %d per uid: want positive numbers", l.MaxConns, l.MaxConnsPerUID)
 	}
 	if l.MaxConnsPerUID >= l.MaxConns {
-		return fmt.Errorf("connection limit per uid %d: want less than the limit of all connections, %d", l.MaxConnsPerUID, l.MaxConns)
+		return fmt.Errorf("connection limit per uid %d: want less than the limit of all tenants' connections, %d", l.MaxConnsPerUID, l.MaxConns)
 	}
 	return nil
 }
@@ -97,18 +99,19 @@ func setBacklog(l *net.UnixListener, n int) error {
 	return os.NewSyscallError("listen", lerr)
 }
 
-// admit decides whether Serve serves conn, and counts it in; it closes a
-// connection it refuses at once.
-func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
-	cred, err := peer.Cred(conn)
+// admit decides whether Serve serves conn, and counts it in: every peer
+// but napitapd's equal is a tenant, counted by its uid (a pod's root too).
+// It closes a connection it refuses at once.
+func (s *Server) admit(conn *net.UnixConn, lim Limits) (uid uint32, napitapds, ok bool) {
+	cred, napitapds, err := peer.Tenant(conn)
 	if err != nil {
 		conn.Close()
 		if ok, n := s.conns.refusals.Allow(); ok {
 			s.log.Error("refused connection without peer credentials", "err", err, "refusedSinceLastLine", n)
 		}
-		return 0, false
+		return 0, false, false
 	}
-	if ok, why := s.conns.quota.Admit(cred.Uid); !ok {
+	if ok, why := s.conns.quota.Admit(cred.Uid, napitapds); !ok {
 		conn.Close()
 		if s.Observe != nil {
 			s.Observe("connect", "quota")
@@ -117,9 +120,9 @@ func (s *Server) admit(conn *net.UnixConn, lim Limits) (uint32, bool) {
 			s.log.Warn("refused connection", "reason", why, "pid", cred.Pid, "uid", cred.Uid,
 				"maxConns", lim.MaxConns, "maxConnsPerUID", lim.MaxConnsPerUID, "refusedSinceLastLine", n)
 		}
-		return 0, false
+		return 0, false, false
 	}
-	return cred.Uid, true
+	return cred.Uid, napitapds, true
 }
 
 // logInterval spaces out log lines that a flood would repeat.

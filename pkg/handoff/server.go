@@ -163,14 +163,16 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			s.log.Error("accept failed, retrying", "err", err, "wait", wait, "failedSinceLastLine", n)
 		}
 	}, func(conn *net.UnixConn) {
-		uid, ok := s.admit(conn, lim)
+		// In the accept loop, so that a flood's connections are refused
+		// one at a time and never pile up.
+		uid, napitapds, ok := s.admit(conn, lim)
 		if !ok {
 			return
 		}
 		s.conns.track(conn)
 		go func() {
 			defer s.conns.untrack(conn)
-			defer s.conns.quota.Done(uid)
+			defer s.conns.quota.Done(uid, napitapds)
 			s.serveConn(conn)
 		}()
 	})

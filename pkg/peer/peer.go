@@ -62,7 +62,7 @@ type Process struct {
 	// Groups are the supplementary groups at connect time (SO_PEERGROUPS);
 	// nil from Accepting.
 	Groups []uint32
-	pidfd    int    // -1: before Linux 6.5, none; see pidfdErr
+	pidfd  int // -1: before Linux 6.5, none; see pidfdErr
 	// pidfdErr: the kernel has SO_PEERPIDFD but it failed: the pid
 	// cannot be confirmed, and every question about the process fails
 	// closed (after pinned's retries, for want of an fd). Its uid stands.
@@ -89,6 +89,23 @@ func Cred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, fmt.Errorf("SO_PEERCRED: %w", credErr)
 	}
 	return cred, nil
+}
+
+// Tenant is what a bound on connections needs of the process that
+// connected to c: its record at connect time (SO_PEERCRED), and whether it
+// is napitapd's equal, which no bound refuses (Napitapd). Only a root peer
+// costs a pidfd, opened and closed here: a flood of others is refused
+// with one getsockopt each.
+func Tenant(c *net.UnixConn) (cred *unix.Ucred, napitapds bool, err error) {
+	if cred, err = Cred(c); err != nil || cred.Uid != 0 {
+		return cred, false, err
+	}
+	p, err := Connected(c)
+	if err != nil {
+		return cred, false, nil // unjudged: a tenant
+	}
+	defer p.Close()
+	return cred, p.Napitapd() == nil, nil
 }
 
 // Connected is the process that connected to c, which this side accepted,

@@ -28,16 +28,18 @@ const (
 	// DefaultMaxListeners bounds the listeners one agent serves: one per
 	// container or launched runtime on the node.
 	DefaultMaxListeners = 1024
-	// DefaultMaxListenersPerUID bounds those one sender uid other than
-	// root may have served. runc and Kata's shim send as root; a uid of
-	// the socket's group that launches VMMs itself (napitapctl launch)
+	// DefaultMaxListenersPerUID bounds those of one tenant: a sender uid,
+	// root's included, unless the sender is napitapd's equal (pkg/peer),
+	// as runc and Kata's shim are, whose listeners no bound refuses. A
+	// pod's root is a tenant. A uid of the socket's group that launches
+	// VMMs itself (napitapctl launch)
 	// may run every VM pod of the node: KubeVirt runs each VM's QEMU as
 	// uid 107, and a node runs up to the kubelet's max-pods (110 by
 	// default; 250 is the most the managed Kubernetes services set). A
 	// listener lasts as long as its VM, so 64 refused the 65th VM for
 	// good (napitap-bench capacity, issue 36). 256 is a quarter of
-	// DefaultMaxListeners: a flood from one uid still leaves root and the
-	// other uids the rest.
+	// DefaultMaxListeners: a flood from one tenant still leaves the other
+	// tenants 768.
 	DefaultMaxListenersPerUID = 256
 )
 
@@ -153,9 +155,9 @@ func (a *Agent) add(fd int, l Listener) error {
 		a.mu.Unlock()
 		return fail("agent closed")
 	}
-	if ok, why := a.quota.Admit(l.UID); !ok {
+	if ok, why := a.quota.Admit(l.UID, l.napitapds()); !ok {
 		a.mu.Unlock()
-		return fail("%w: %s (%d in all, %d per uid other than root)", ErrFull, why, a.quota.Max, a.quota.MaxPerUID)
+		return fail("%w: %s (%d for every tenant together, %d per uid; a pod's root is a tenant)", ErrFull, why, a.quota.Max, a.quota.MaxPerUID)
 	}
 	f := os.NewFile(uintptr(fd), "seccomp-listener")
 	a.listeners[f] = l.Origin
@@ -206,7 +208,7 @@ func (a *Agent) isClosed() bool {
 
 func (a *Agent) serve(l Listener, s *slot) {
 	defer a.wg.Done()
-	defer a.quota.Done(l.UID)
+	defer a.quota.Done(l.UID, l.napitapds())
 	f := l.File
 	log := a.log.With("listener", l.Origin)
 	exited := false

@@ -515,11 +515,12 @@ func TestNAPIFragsOnlyForACallerTheKernelWouldGiveThem(t *testing.T) {
 	}
 }
 
-// TestOneSenderUIDCannotTakeEveryListener: a member of the seccomp
-// socket's group that sends listener after listener gets its share and no
-// more, other uids get theirs, and root (runc, Kata's shim) always finds
-// room. The listeners are real, each the filter of a thread kept alive
-// until the test ends.
+// TestOneSenderUIDCannotTakeEveryListener: a tenant (a member of the
+// seccomp socket's group, or a pod's root: uid 0 without napitapd's
+// capabilities) that sends listener after listener gets its share and no
+// more, other tenants get theirs, and napitapd's equal (runc, Kata's shim)
+// is never refused. The listeners are real, each the filter of a thread
+// kept alive until the test ends.
 func TestOneSenderUIDCannotTakeEveryListener(t *testing.T) {
 	nstest.RequireRoot(t)
 	agent, err := New(&MapRegistry{}, slog.New(slog.NewTextHandler(&logBuf{t: t}, nil)), Options{MaxListeners: 6, MaxListenersPerUID: 2})
@@ -529,12 +530,12 @@ func TestOneSenderUIDCannotTakeEveryListener(t *testing.T) {
 	hold := make(chan struct{})
 	t.Cleanup(agent.Close)
 	t.Cleanup(func() { close(hold) }) // first: the threads end, then the agent closes
-	add := func(uid uint32) error {
+	add := func(l Listener) error {
 		errc := make(chan error, 1)
 		nstest.OnThreadThatEnds(func() {
-			l, err := installFilter(filterFlags)
+			fd, err := installFilter(filterFlags)
 			if err == nil {
-				err = agent.Add(l, uid, fmt.Sprintf("uid %d", uid))
+				err = agent.add(fd, l)
 			}
 			errc <- err
 			<-hold
@@ -543,26 +544,29 @@ func TestOneSenderUIDCannotTakeEveryListener(t *testing.T) {
 	}
 	steps := []struct {
 		name string
-		uid  uint32
+		l    Listener
 		full bool
 	}{
-		{"uid 1234's first listener is served", 1234, false},
-		{"uid 1234's second listener is served", 1234, false},
-		{"uid 1234's third is over its share", 1234, true},
-		{"uid 4321 still gets its first", 4321, false},
-		{"uid 4321 its second", 4321, false},
-		{"a third uid finds the non-root share taken", 5555, true},
-		{"root gets the room kept for it", 0, false},
-		{"root gets the last listener", 0, false},
-		{"root is refused past the limit of all", 0, true},
+		{"uid 1234's first listener is served", Listener{UID: 1234}, false},
+		{"uid 1234's second listener is served", Listener{UID: 1234}, false},
+		{"uid 1234's third is over its share", Listener{UID: 1234}, true},
+		{"a pod's root gets its first", Listener{PodRoot: true}, false},
+		{"a pod's root its second", Listener{PodRoot: true}, false},
+		{"a pod's root's third is over its share, as any uid's", Listener{PodRoot: true}, true},
+		{"uid 4321 still gets its first", Listener{UID: 4321}, false},
+		{"uid 4321 its second", Listener{UID: 4321}, false},
+		{"a fourth tenant finds the tenants' limit taken", Listener{UID: 5555}, true},
+		{"napitapd's equal is served past the tenants' limit", Listener{}, false},
+		{"and again", Listener{}, false},
 	}
 	for i, s := range steps {
-		err := add(s.uid)
+		s.l.Origin = s.name
+		err := add(s.l)
 		if got := errors.Is(err, ErrFull); got != s.full || (err != nil && !got) {
-			t.Fatalf("step %d, %s: Add = %v, want full %v", i, s.name, err, s.full)
+			t.Fatalf("step %d, %s: add = %v, want full %v", i, s.name, err, s.full)
 		}
 	}
-	if n := agent.Listeners(); n != 6 {
-		t.Errorf("the agent serves %d listeners, want 6", n)
+	if n := agent.Listeners(); n != 8 {
+		t.Errorf("the agent serves %d listeners, want 8", n)
 	}
 }

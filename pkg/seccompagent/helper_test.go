@@ -82,6 +82,8 @@ func TestMain(m *testing.M) {
 		err := Launch(os.Getenv(socketEnv), []string{"sleep", "30"}, os.Environ())
 		fmt.Fprintln(os.Stderr, "launch:", err)
 		os.Exit(3)
+	case "flood":
+		os.Exit(runFlood())
 	case "launch-true":
 		// napitapctl launch -- true: the filter, the hand-over, the exec.
 		err := Launch(os.Getenv(socketEnv), []string{"true"}, os.Environ())

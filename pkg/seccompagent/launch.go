@@ -17,6 +17,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // ackTimeout bounds the wait for the agent's answer.
@@ -108,6 +110,11 @@ var errUnread = errors.New("closed unread")
 func sendListenerOnce(socket string, listener int, msg []byte, deadline time.Time) error {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
+		err = unixsock.Bare(err)
+		if errors.Is(err, syscall.EAGAIN) {
+			// The agent's backlog is full (a flood): nothing was sent.
+			err = fmt.Errorf("%w (%w)", err, errUnread)
+		}
 		return fmt.Errorf("seccomp agent at %s: %w", socket, err)
 	}
 	defer conn.Close()
@@ -119,11 +126,11 @@ func sendListenerOnce(socket string, listener int, msg []byte, deadline time.Tim
 		return err
 	}
 	if _, _, err := conn.WriteMsgUnix(msg, unix.UnixRights(listener), nil); err != nil {
-		return fmt.Errorf("seccomp agent at %s: send: %w", socket, unread(err))
+		return fmt.Errorf("seccomp agent at %s: send: %w", socket, unread(unixsock.Bare(err)))
 	}
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("seccomp agent at %s: no ack: %w", socket, unread(err))
+		return fmt.Errorf("seccomp agent at %s: no ack: %w", socket, unread(unixsock.Bare(err)))
 	}
 	if line = strings.TrimSuffix(line, "\n"); line != AckOK {
 		return fmt.Errorf("seccomp agent at %s: %s", socket, line)

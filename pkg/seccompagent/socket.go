@@ -30,10 +30,11 @@ const (
 	// DefaultMaxConns bounds connections being read at once: each lasts
 	// milliseconds (runc's connect, send and hang-up).
 	DefaultMaxConns = 64
-	// DefaultMaxConnsPerUID bounds those of one uid other than root, and
-	// uids other than root together leave root as many: a member of the
-	// socket's group holding idle connections cannot stop runc, crun or
-	// Kata's shim (root) from handing listeners over.
+	// DefaultMaxConnsPerUID bounds those of one tenant uid, a pod's root
+	// included (unixsock.UIDQuota): a member of the socket's group
+	// holding idle connections cannot stop runc, crun or Kata's shim
+	// (napitapd's equals, never refused) nor the other tenants from
+	// handing listeners over.
 	DefaultMaxConnsPerUID = 16
 	// maxFDs is how many fds a read takes in; more is an error anyway.
 	maxFDs = 4
@@ -113,7 +114,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		s.log.Error("seccomp socket accept", "err", err, "retry_in", wait)
 	}, func(conn *net.UnixConn) {
-		cred, err := peer.Cred(conn)
+		cred, napitapds, err := peer.Tenant(conn)
 		if err != nil {
 			// Without a uid neither the connection nor its listener can
 			// be counted against one.
@@ -121,7 +122,7 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			s.log.Warn("seccomp socket: refused a sender without peer credentials", "err", err)
 			return
 		}
-		if ok, why := s.conns.Admit(cred.Uid); !ok {
+		if ok, why := s.conns.Admit(cred.Uid, napitapds); !ok {
 			conn.Close()
 			if ok, held := s.drops.Allow(); ok {
 				s.log.Warn("seccomp socket: too many connections at once, closed", "reason", why,
@@ -132,8 +133,8 @@ func (s *Server) Serve(l *net.UnixListener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer s.conns.Done(cred.Uid)
-			s.serveConn(conn, cred)
+			defer s.conns.Done(cred.Uid, napitapds)
+			s.serveConn(conn, cred, napitapds)
 		}()
 	})
 }
@@ -174,7 +175,7 @@ func (s *Server) deadline(set func(time.Time) error, within time.Duration) {
 	_ = set(t)
 }
 
-func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
+func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred, napitapds bool) {
 	defer conn.Close()
 	defer unixsock.LogPanic(s.log, "seccomp socket: panic serving a sender", "pid", cred.Pid, "uid", cred.Uid)
 	timeout := otherTimeout
@@ -191,7 +192,7 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred) {
 		if st, fd, err = parseMessage(b, fds); err == nil {
 			fds = nil // Add owns it now
 			from := origin(st, peer)
-			l := Listener{UID: cred.Uid, Origin: from, OwnTaps: st.Metadata == launchMetadata}
+			l := Listener{UID: cred.Uid, PodRoot: cred.Uid == 0 && !napitapds, Origin: from, OwnTaps: st.Metadata == launchMetadata}
 			if err = s.agent.add(fd, l); err == nil {
 				s.logListener(st, from, peer)
 			}

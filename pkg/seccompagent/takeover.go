@@ -14,9 +14,13 @@ type Listener struct {
 	File *os.File
 	// Slot is the memfd the agent receives the listener's notifications
 	// in (slot.go); nil from a napitapd that had none.
-	Slot   *os.File
-	UID    uint32 // the sender's, for its share of the listeners
-	Origin string // names it in logs
+	Slot *os.File
+	UID  uint32 // the sender's, for its share of the listeners
+	// PodRoot: the sender was uid 0 without napitapd's capabilities (a
+	// pod's root), a tenant like any other uid; any other uid 0 was
+	// napitapd's equal, which no bound refuses.
+	PodRoot bool
+	Origin  string // names it in logs
 	// ID names the listener for the Store; the agent makes one when it
 	// is empty.
 	ID string
@@ -82,3 +86,6 @@ func (a *Agent) Adopt(l Listener) error {
 	}
 	return a.add(fd, l)
 }
+
+// napitapds: the listener's sender was napitapd's equal.
+func (l Listener) napitapds() bool { return l.UID == 0 && !l.PodRoot }

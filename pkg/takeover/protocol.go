@@ -86,6 +86,10 @@ type Item struct {
 	Key    *handoff.Key `json:"key,omitempty"`
 	// OwnTaps is a listener's seccompagent.Listener.OwnTaps.
 	OwnTaps bool `json:"ownTaps,omitempty"`
+	// PodRoot is a listener's seccompagent.Listener.PodRoot. A napitapd
+	// older than it counted every uid 0 as napitapd's equal, as its
+	// listeners then stay.
+	PodRoot bool `json:"podRoot,omitempty"`
 }
 
 // File is a file handed over, with what is known of it.

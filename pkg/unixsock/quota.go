@@ -2,59 +2,62 @@ package unixsock
 
 import "sync"
 
-// UIDQuota counts what a daemon serves per peer uid (connections, seccomp
-// listeners), so that one member of a socket's group cannot take it all.
-// Root, napitap's own ADD, DEL and runc, has no per-uid limit, and the
-// other uids together always leave it MaxPerUID.
+// UIDQuota counts what a daemon serves its tenants (connections, seccomp
+// listeners), so that no tenant can take it all. A tenant is a peer uid,
+// root's included: a pod's root, with no capability or with every one in a
+// user namespace of its own, is one like any other. napitapd's equal
+// (pkg/peer's judgement: the plugin, runc, the kubelet's runtime) is no
+// tenant and is never refused: it could stop napitapd anyway.
 type UIDQuota struct {
-	Max       int // everything counted, root's included
-	MaxPerUID int // one uid other than root; less than Max
+	Max       int // every tenant together
+	MaxPerUID int // one tenant; less than Max
 
-	mu     sync.Mutex
-	total  int
-	others int // counted for uids other than root
-	perUID map[uint32]int
+	mu      sync.Mutex
+	tenants int // counted for tenants
+	equals  int // counted for napitapd's equals
+	perUID  map[uint32]int
 }
 
-// Admit counts one in for uid, or says why it may not have one.
-func (q *UIDQuota) Admit(uid uint32) (bool, string) {
+// Admit counts one in for a peer of uid, napitapd's equal or a tenant, or
+// says why the tenant may not have one.
+func (q *UIDQuota) Admit(uid uint32, napitapd bool) (bool, string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch {
-	case q.total >= q.Max:
-		return false, "at the limit of all"
-	case uid == 0:
+	case napitapd:
+		q.equals++
+		return true, ""
 	case q.perUID[uid] >= q.MaxPerUID:
 		return false, "the uid is at its own limit"
-	case q.others >= q.Max-q.MaxPerUID:
-		return false, "uids other than root are at their shared limit"
-	default:
-		if q.perUID == nil {
-			q.perUID = map[uint32]int{}
-		}
-		q.perUID[uid]++
-		q.others++
+	case q.tenants >= q.Max:
+		return false, "tenants are at their shared limit"
 	}
-	q.total++
+	if q.perUID == nil {
+		q.perUID = map[uint32]int{}
+	}
+	q.perUID[uid]++
+	q.tenants++
 	return true, ""
 }
 
-// Done counts out one that Admit counted in for uid.
-func (q *UIDQuota) Done(uid uint32) {
+// Done counts out one that Admit counted in.
+func (q *UIDQuota) Done(uid uint32, napitapd bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.total--
-	if uid != 0 {
-		q.others--
-		if q.perUID[uid]--; q.perUID[uid] == 0 {
-			delete(q.perUID, uid)
-		}
+	if napitapd {
+		q.equals--
+		return
+	}
+	q.tenants--
+	if q.perUID[uid]--; q.perUID[uid] == 0 {
+		delete(q.perUID, uid)
 	}
 }
 
-// Counted is how many are counted in, in all and for uids other than root.
-func (q *UIDQuota) Counted() (total, others int) {
+// Counted is how many are counted in, for tenants and for napitapd's
+// equals.
+func (q *UIDQuota) Counted() (tenants, equals int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.total, q.others
+	return q.tenants, q.equals
 }

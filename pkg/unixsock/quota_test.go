@@ -3,35 +3,42 @@ package unixsock
 import "testing"
 
 func TestUIDQuota(t *testing.T) {
-	// Small limits: 6 in all, 2 per uid other than root, so others
-	// together get 4 and root always finds 2 free.
+	// Small limits: 6 for every tenant together, 2 for one uid.
 	type step struct {
-		uid  uint32
-		done bool // a connection of uid ends (instead of a new one)
-		want bool // admitted
+		uid      uint32
+		napitapd bool // the peer is napitapd's equal
+		done     bool // one of uid's ends (instead of a new one)
+		want     bool // admitted
 	}
 	cases := []struct {
 		name  string
 		steps []step
 	}{
-		{"a uid other than root gets as many connections as one uid may, and no more", []step{
+		{"a uid gets as many as one tenant may, and no more", []step{
 			{uid: 107, want: true}, {uid: 107, want: true}, {uid: 107, want: false},
 		}},
-		{"a connection that ends makes room for the next one of its uid", []step{
+		{"a pod's root is a tenant like any other uid", []step{
+			{uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: false},
+		}},
+		{"one that ends makes room for the next one of its uid", []step{
 			{uid: 107, want: true}, {uid: 107, want: true}, {uid: 107, done: true}, {uid: 107, want: true}, {uid: 107, want: false},
 		}},
 		{"one uid at its limit does not hold back another uid", []step{
 			{uid: 107, want: true}, {uid: 107, want: true}, {uid: 107, want: false}, {uid: 65534, want: true},
 		}},
-		{"uids other than root together leave room for root", []step{
-			{uid: 1, want: true}, {uid: 1, want: true}, {uid: 2, want: true}, {uid: 2, want: true},
+		{"tenants together get no more than the shared limit", []step{
+			{uid: 1, want: true}, {uid: 1, want: true}, {uid: 2, want: true}, {uid: 2, want: true}, {uid: 0, want: true}, {uid: 0, want: true},
 			{uid: 3, want: false},
-			{uid: 0, want: true}, {uid: 0, want: true},
 		}},
-		{"root is held to no per-uid limit but to the limit of all connections", []step{
-			{uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: true},
-			{uid: 0, want: false}, {uid: 107, want: false},
-			{uid: 0, done: true}, {uid: 107, want: true},
+		{"napitapd's equal is admitted whatever the tenants hold", []step{
+			{uid: 1, want: true}, {uid: 1, want: true}, {uid: 2, want: true}, {uid: 2, want: true}, {uid: 0, want: true}, {uid: 0, want: true},
+			{uid: 0, napitapd: true, want: true}, {uid: 0, napitapd: true, want: true}, {uid: 0, napitapd: true, want: true},
+			{uid: 0, napitapd: true, want: true}, {uid: 0, napitapd: true, want: true}, {uid: 0, napitapd: true, want: true},
+			{uid: 0, napitapd: true, want: true},
+		}},
+		{"napitapd's equal takes nothing from a tenant", []step{
+			{uid: 0, napitapd: true, want: true}, {uid: 0, napitapd: true, want: true},
+			{uid: 0, want: true}, {uid: 0, want: true}, {uid: 0, want: false},
 		}},
 	}
 	for _, tc := range cases {
@@ -39,12 +46,12 @@ func TestUIDQuota(t *testing.T) {
 			tab := UIDQuota{Max: 6, MaxPerUID: 2}
 			for i, s := range tc.steps {
 				if s.done {
-					tab.Done(s.uid)
+					tab.Done(s.uid, s.napitapd)
 					continue
 				}
-				got, why := tab.Admit(s.uid)
+				got, why := tab.Admit(s.uid, s.napitapd)
 				if got != s.want {
-					t.Fatalf("step %d: a connection of uid %d admitted=%v (%q), want %v", i, s.uid, got, why, s.want)
+					t.Fatalf("step %d: one of uid %d (napitapd's equal %v) admitted=%v (%q), want %v", i, s.uid, s.napitapd, got, why, s.want)
 				}
 				if !got && why == "" {
 					t.Errorf("step %d: refused without a reason", i)
@@ -56,15 +63,19 @@ func TestUIDQuota(t *testing.T) {
 
 func TestUIDQuotaCountsBackToZero(t *testing.T) {
 	tab := UIDQuota{Max: 6, MaxPerUID: 2}
-	for _, uid := range []uint32{0, 107, 107, 65534} {
-		if ok, why := tab.Admit(uid); !ok {
-			t.Fatalf("uid %d refused: %s", uid, why)
+	peers := []struct {
+		uid      uint32
+		napitapd bool
+	}{{0, true}, {0, false}, {107, false}, {107, false}, {65534, false}}
+	for _, p := range peers {
+		if ok, why := tab.Admit(p.uid, p.napitapd); !ok {
+			t.Fatalf("uid %d refused: %s", p.uid, why)
 		}
 	}
-	for _, uid := range []uint32{0, 107, 107, 65534} {
-		tab.Done(uid)
+	for _, p := range peers {
+		tab.Done(p.uid, p.napitapd)
 	}
-	if total, others := tab.Counted(); total != 0 || others != 0 || len(tab.perUID) != 0 {
-		t.Errorf("after every connection ended: total %d, others %d, per uid %v; want all zero", total, others, tab.perUID)
+	if tenants, equals := tab.Counted(); tenants != 0 || equals != 0 || len(tab.perUID) != 0 {
+		t.Errorf("after every one ended: tenants %d, equals %d, per uid %v; want all zero", tenants, equals, tab.perUID)
 	}
 }

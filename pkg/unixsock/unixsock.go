@@ -99,3 +99,13 @@ func Serve(l *net.UnixListener, failed func(err error, wait time.Duration), serv
 func AcceptBackoff(last time.Duration) time.Duration {
 	return min(max(2*last, 5*time.Millisecond), time.Second)
 }
+
+// Bare is err without the addresses a *net.OpError adds (a socket's
+// path), for a caller whose error names the socket already.
+func Bare(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return fmt.Errorf("%s: %w", op.Op, op.Err)
+	}
+	return err
+}

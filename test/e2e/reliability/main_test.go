@@ -40,9 +40,13 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(idleEnv) != "" {
+		os.Exit(holdIdle())
+	}
 	cnitest.MainWithBinaries(m, &binDir, append([]string{
 		"github.com/napitap/napitap/plugins/napitap",
 		"github.com/napitap/napitap/cmd/napitapd",
+		"github.com/napitap/napitap/cmd/napitapctl",
 	}, cnitest.ReferencePlugins...)...)
 }
 
