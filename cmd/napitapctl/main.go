@@ -375,7 +375,7 @@ func versions(client *handoff.Client, args []string) error {
 	fmt.Println(buildinfo.String("napitapctl"))
 	st, err := client.Status()
 	if err != nil {
-		return fmt.Errorf("the napitapd at %s: %w", client.Socket, err)
+		return err
 	}
 	v := st.Version
 	if v == "" {

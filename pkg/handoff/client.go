@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // Client talks to napitapd. One connection per call keeps it stateless, as
@@ -117,29 +119,32 @@ func (c *Client) do(req *Request, files []*os.File) (*Response, []*os.File, erro
 }
 
 func (c *Client) once(socket string, deadline time.Time, req *Request, files []*os.File) (*Response, []*os.File, error) {
+	// Every error names the socket, once: callers add only what they
+	// know more.
 	conn, err := dial(socket, deadline)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+		return nil, nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, socket, unixsock.Bare(err))
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(deadline)
 
 	req.Version = Version
 	if err := sendMsg(conn, req, files); err != nil {
-		return nil, nil, fmt.Errorf("napitapd at %s: send %s: %w%s", socket, req.Op, err, hungUp(err))
+		return nil, nil, fmt.Errorf("napitapd at %s: send %s: %w%s", socket, req.Op, unixsock.Bare(err), hungUp(err))
 	}
 	b, got, err := recvMsg(conn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("napitapd at %s: %s: %w%s", socket, req.Op, err, hungUp(err))
+		return nil, nil, fmt.Errorf("napitapd at %s: %s: %w%s", socket, req.Op, unixsock.Bare(err), hungUp(err))
 	}
 	var resp Response
 	if err := json.Unmarshal(b, &resp); err != nil || resp.Version != Version {
 		closeAll(got)
-		return nil, nil, &Error{Code: codeProtocol, Message: fmt.Sprintf("bad response to %s (version %d): %v", req.Op, resp.Version, err)}
+		err = &Error{Code: codeProtocol, Message: fmt.Sprintf("bad response to %s (version %d): %v", req.Op, resp.Version, err)}
+		return nil, nil, fmt.Errorf("napitapd at %s: %w", socket, err)
 	}
 	if resp.Error != nil {
 		closeAll(got)
-		return nil, nil, resp.Error
+		return nil, nil, fmt.Errorf("napitapd at %s: %w", socket, resp.Error)
 	}
 	return &resp, got, nil
 }

@@ -67,7 +67,7 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 	if errors.Is(err, handoff.ErrUnreachable) {
 		hint = " (is the napitap DaemonSet running on this node?)"
 	}
-	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: napitapd at %s: %v%s", conf.HandoffSocket, err, hint), "")
+	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: %v%s", err, hint), "")
 }
 
 // handoffNeeded: ADD fails when napitapd cannot take the attachment.

@@ -147,6 +147,11 @@ func TestHandoffWithoutNapitapd(t *testing.T) {
 			if code := cnitest.CNICode(err); code != tc.wantCode || !strings.HasPrefix(cnitest.CNIError(err).Msg, tc.wantField) {
 				t.Errorf("ADD: %v (code %d), want code %d naming %s", err, code, tc.wantCode, tc.wantField)
 			}
+			for what, err := range map[string]error{"ADD": err, "STATUS": status} {
+				if n := strings.Count(fmt.Sprint(err), tc.socket); err != nil && n != 1 {
+					t.Errorf("%s: %v names the socket %d times, want once", what, err, n)
+				}
+			}
 			if after := e.PodLinks(); !slices.Equal(before, after) {
 				t.Errorf("pod netns after failed ADD: %v, before: %v", after, before)
 			}

@@ -462,7 +462,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 	// ADD cannot work without napitapd in fds mode, or with "required".
 	if handoffNeeded(conf) {
 		if _, err := (&handoff.Client{Socket: conf.HandoffSocket}).List(); err != nil {
-			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("handoff: napitapd at %s: %v", conf.HandoffSocket, err), "")
+			return types.NewError(types.ErrPluginNotAvailable, "handoff: "+err.Error(), "")
 		}
 	}
 	return nil

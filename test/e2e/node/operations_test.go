@@ -215,7 +215,7 @@ var criDown = regexp.MustCompile(`^FailedCreatePodSandBox .*rpc error: code = Un
 // backOff is a sandbox whose ADD found no napitapd while the kubelet's
 // back-off kept its container down: the plugin's "try again later" (code
 // 11), which the kubelet does.
-var backOff = regexp.MustCompile(`^FailedCreatePodSandBox .*handoff: napitapd at `)
+var backOff = regexp.MustCompile(`^FailedCreatePodSandBox .*handoff: napitapd (at|unreachable at) `)
 
 // operationsTable is rows as a markdown table.
 func operationsTable(rows []operationRow) string {
