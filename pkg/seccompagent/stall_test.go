@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,101 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/internal/uffdtest"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
-// The kernel's userfaultfd ABI (include/uapi/linux/userfaultfd.h), which
-// golang.org/x/sys lacks.
-const (
-	uffdAPI              = 0xaa
-	uffdioAPI            = 0xc018aa3f // _IOWR(0xaa, 0x3f, struct uffdio_api)
-	uffdioRegister       = 0xc020aa00 // _IOWR(0xaa, 0x00, struct uffdio_register)
-	uffdioCopy           = 0xc028aa03 // _IOWR(0xaa, 0x03, struct uffdio_copy)
-	uffdRegisterModeMiss = 1
-)
-
-type uffdioAPIArg struct{ API, Features, Ioctls uint64 }
-type uffdioRegisterArg struct{ Start, Len, Mode, Ioctls uint64 }
-type uffdioCopyArg struct {
-	Dst, Src, Len, Mode uint64
-	Copy                int64
-}
-
 // stopGrace is daemon.StopGrace, which imports this package.
 const stopGrace = 2 * time.Second
-
-// uffdPage is an anonymous page registered with a userfaultfd for missing
-// pages and never filled until fill: every access to it, the kernel's
-// process_vm_readv and copy_from_user too, waits in handle_userfault.
-type uffdPage struct {
-	fd   int
-	addr uintptr
-	once sync.Once
-}
-
-func newUffdPage(t testing.TB) *uffdPage {
-	t.Helper()
-	// Without UFFD_USER_MODE_ONLY, which would answer the kernel's own
-	// accesses with EFAULT: root may (vm.unprivileged_userfaultfd or
-	// CAP_SYS_PTRACE).
-	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC, 0, 0)
-	if errno != 0 {
-		t.Fatalf("userfaultfd: %v", errno)
-	}
-	p := &uffdPage{fd: int(fd)}
-	if err := ioctlPtr(p.fd, uffdioAPI, unsafe.Pointer(&uffdioAPIArg{API: uffdAPI})); err != nil {
-		unix.Close(p.fd)
-		t.Fatalf("UFFDIO_API: %v", err)
-	}
-	mem, err := unix.MmapPtr(-1, 0, nil, uintptr(os.Getpagesize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		unix.Close(p.fd)
-		t.Fatalf("mmap: %v", err)
-	}
-	p.addr = uintptr(mem)
-	reg := uffdioRegisterArg{Start: uint64(p.addr), Len: uint64(os.Getpagesize()), Mode: uffdRegisterModeMiss}
-	if err := ioctlPtr(p.fd, uffdioRegister, unsafe.Pointer(&reg)); err != nil {
-		unix.Close(p.fd)
-		t.Fatalf("UFFDIO_REGISTER: %v", err)
-	}
-	t.Cleanup(p.release)
-	return p
-}
-
-// release closes the userfaultfd: every access waiting on the page faults
-// it in as plain memory (zeros), whatever the test's outcome.
-func (p *uffdPage) release() {
-	p.once.Do(func() { unix.Close(p.fd) })
-}
-
-// fill copies b to the start of the page and wakes every access waiting
-// on it.
-func (p *uffdPage) fill(b []byte) error {
-	size := os.Getpagesize()
-	src, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return fmt.Errorf("mmap: %w", err)
-	}
-	defer unix.Munmap(src)
-	copy(src, b)
-	arg := uffdioCopyArg{Dst: uint64(p.addr), Src: uint64(uintptr(unsafe.Pointer(&src[0]))), Len: uint64(size)}
-	if err := ioctlPtr(p.fd, uffdioCopy, unsafe.Pointer(&arg)); err != nil {
-		return fmt.Errorf("UFFDIO_COPY to the page at 0x%x: %w", p.addr, err)
-	}
-	return nil
-}
-
-// threadIn reports whether some thread of this process is blocked in
-// syscall nr (/proc/self/task/*/syscall).
-func threadIn(nr int) bool {
-	files, _ := filepath.Glob("/proc/self/task/*/syscall")
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), fmt.Sprintf("%d ", nr)) {
-			return true
-		}
-	}
-	return false
-}
 
 func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 	t.Helper()
@@ -121,7 +31,7 @@ func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 }
 
 // stalledCall is a thread under napitap's filter, served by an agent,
-// whose TUNSETIFF has its ifreq on a uffdPage; once that call is over
+// whose TUNSETIFF has its ifreq on a uffdtest.Page; once that call is over
 // and again is closed, it makes a plain TUNSETIFF on the same filter.
 type stalledCall struct {
 	tid     chan int   // sent just before the stalled TUNSETIFF
@@ -132,7 +42,7 @@ type stalledCall struct {
 	next    chan error
 }
 
-func startStalledCall(t *testing.T, netnsPath, tap string, agent *Agent, page *uffdPage) *stalledCall {
+func startStalledCall(t *testing.T, netnsPath, tap string, agent *Agent, page *uffdtest.Page) *stalledCall {
 	c := &stalledCall{tid: make(chan int, 1), stalled: make(chan error, 1), again: make(chan struct{}), next: make(chan error, 1)}
 	var again sync.Once
 	c.goOn = func() { again.Do(func() { close(c.again) }) }
@@ -154,7 +64,7 @@ func startStalledCall(t *testing.T, netnsPath, tap string, agent *Agent, page *u
 			return
 		}
 		c.tid <- unix.Gettid()
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, page.addr); errno != 0 {
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, page.Addr); errno != 0 {
 			err = errno
 		} else {
 			c.flags, _ = getIff(fd)
@@ -230,7 +140,11 @@ func TestACallerThatStallsTheReadOfItsIfreqHoldsUpNeitherTheAgentNorItsStop(t *t
 			}
 			agent := newAgent()
 			agent.stalled.Store(tc.stalled)
-			page := newUffdPage(t)
+			page, err := uffdtest.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(page.Release) // whatever the outcome: no thread stays
 			c := startStalledCall(t, pod.Path(), tap, agent, page)
 			var tid int
 			select {
@@ -248,14 +162,14 @@ func TestACallerThatStallsTheReadOfItsIfreqHoldsUpNeitherTheAgentNorItsStop(t *t
 					t.Logf("%s returned after %v", what, time.Since(start).Round(time.Millisecond))
 				case <-time.After(stopGrace):
 					t.Errorf("%s has not returned after %v with a read of a caller's memory stalled", what, stopGrace)
-					page.release() // or it never does
+					page.Release() // or it never does
 					<-done
 				}
 			}
 			bound := readDeadline + 500*time.Millisecond // on a loaded machine
 			switch {
 			case tc.stop != "":
-				waitFor(t, 5*time.Second, "the agent reading the caller's memory", func() bool { return threadIn(unix.SYS_PROCESS_VM_READV) })
+				waitFor(t, 5*time.Second, "the agent reading the caller's memory", func() bool { return uffdtest.ThreadIn(os.Getpid(), unix.SYS_PROCESS_VM_READV) })
 				bound = stopGrace
 			case tc.stalled > 0:
 				bound = readDeadline / 2
@@ -291,7 +205,7 @@ func TestACallerThatStallsTheReadOfItsIfreqHoldsUpNeitherTheAgentNorItsStop(t *t
 			agent.stalled.Add(-tc.stalled)
 			ifr, _ := unix.NewIfreq(tap)
 			ifr.SetUint16(qemuFlags)
-			if err := page.fill(unsafe.Slice((*byte)(unsafe.Pointer(ifr)), unsafe.Sizeof(*ifr))); err != nil {
+			if err := page.Fill(unsafe.Slice((*byte)(unsafe.Pointer(ifr)), unsafe.Sizeof(*ifr))); err != nil {
 				t.Fatal(err)
 			}
 			// The first queue: TUNGETIFF shows its flags.
@@ -300,7 +214,7 @@ func TestACallerThatStallsTheReadOfItsIfreqHoldsUpNeitherTheAgentNorItsStop(t *t
 			}
 			waitFor(t, 5*time.Second, "the given-up read ending once the page is filled", func() bool { return agent.stalled.Load() == 0 })
 			c.goOn()
-			err := <-c.next
+			err = <-c.next
 			got := "ENOSYS"
 			if !errors.Is(err, unix.ENOSYS) {
 				got = outcome(5 * time.Second)
