@@ -16,7 +16,8 @@ import (
 // TestOneSIGTERMStopsNapitapdWithinItsBoundWhateverAPeerDoes: a peer that
 // holds a connection open (a sender that never sends, a takeover that
 // never says ready, a client that never reads) delays napitapd's stop by
-// at most daemon.StopGrace.
+// at most daemon.StopGrace; so does a process under its seccomp filter
+// that stalls the agent's read of its memory.
 func TestOneSIGTERMStopsNapitapdWithinItsBoundWhateverAPeerDoes(t *testing.T) {
 	nstest.RequireRoot(t)
 	cases := []struct {
@@ -43,6 +44,9 @@ func TestOneSIGTERMStopsNapitapdWithinItsBoundWhateverAPeerDoes(t *testing.T) {
 					break // its buffer is full
 				}
 			}
+		}},
+		{"a launched process whose TUNSETIFF has its ifreq on a userfaultfd page nobody fills", func(t *testing.T, p paths, d *napitapd) {
+			startStalledCaller(t, p.seccomp, d.cmd.Process.Pid)
 		}},
 	}
 	for _, tc := range cases {

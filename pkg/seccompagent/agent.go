@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -99,6 +100,10 @@ type Agent struct {
 	// open in detached instead of closing it.
 	detaching bool
 	detached  []Listener
+	// quit is closed by Close and Detach: a read of a caller's memory
+	// still under way is given up (readCallerIfreq).
+	quit    chan struct{}
+	stalled atomic.Int32 // reads given up and still blocked in the kernel
 
 	// beforeReply, for tests (set under mu), runs after the decision and
 	// before the answer, attached telling whether the caller's fd was
@@ -118,7 +123,7 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	return &Agent{
 		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store, observe: opts.Observe,
 		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
-		listeners: map[*os.File]string{},
+		listeners: map[*os.File]string{}, quit: make(chan struct{}),
 	}, nil
 }
 
@@ -192,12 +197,21 @@ func (a *Agent) Listeners() int {
 // TUNSETIFFs wait for the next napitapd, which is why Close forgets none.
 func (a *Agent) Close() {
 	a.mu.Lock()
-	a.closed = true
+	a.stop()
 	for f := range a.listeners {
 		f.Close() // wakes its goroutine out of the poller
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
+}
+
+// stop, under mu, ends serving: a goroutine waiting on a read of a
+// caller's memory leaves it at once.
+func (a *Agent) stop() {
+	if !a.closed {
+		close(a.quit)
+	}
+	a.closed = true
 }
 
 func (a *Agent) isClosed() bool {

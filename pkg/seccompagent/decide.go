@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -59,7 +62,12 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	tid := int(n.Pid)
-	ifr, err := readIfreq(tid, n.Data.Args[2])
+	ifr, err := a.readCallerIfreq(tid, n.Data.Args[2])
+	if errors.Is(err, errReadGivenUp) {
+		// CONTINUE grants nothing: the kernel reads the ifreq itself, in
+		// the caller's context, and judges the caller.
+		a.log.Warn("cannot read the caller's ifreq in time: left to the kernel (no NAPI)", "pid", tid, "err", err)
+	}
 	if err != nil || !interesting(ifr) {
 		return continueVerdict
 	}
@@ -260,6 +268,65 @@ func interesting(r ifreq) bool {
 	return r.name != "" && !bytes.ContainsRune([]byte(r.name), '%') &&
 		r.flags&tunTypeMask == unix.IFF_TAP &&
 		r.flags&(unix.IFF_TUN_EXCL|unix.IFF_NAPI_FRAGS) == 0
+}
+
+const (
+	// readDeadline bounds a read of a caller's memory, which the caller
+	// can stall for as long as it lives (its ifreq on a userfaultfd or
+	// FUSE page nobody fills): far above a read that does not stall
+	// (microseconds; a page in from swap, milliseconds), and well below
+	// daemon.StopGrace (2 s), since the listener's other callers wait
+	// meanwhile.
+	readDeadline = 250 * time.Millisecond
+	// maxStalledReads bounds the reads given up and still blocked, a
+	// thread each (Go kills the process at 10000 threads): past it a
+	// TUNSETIFF is left to the kernel unread.
+	maxStalledReads = 64
+)
+
+var errReadGivenUp = errors.New("read given up")
+
+// readCallerIfreq is readIfreq on a thread of its own, given up at
+// readDeadline or when the agent stops: that thread stays blocked in the
+// kernel until the page arrives or the caller exits, and is counted in
+// a.stalled meanwhile.
+func (a *Agent) readCallerIfreq(tid int, addr uint64) (ifreq, error) {
+	if n := a.stalled.Load(); n >= maxStalledReads {
+		return ifreq{}, fmt.Errorf("ifreq of thread %d at 0x%x: %w unread: %d reads of callers' memory still stalled", tid, addr, errReadGivenUp, n)
+	}
+	type result struct {
+		ifr ifreq
+		err error
+	}
+	done := make(chan result, 1)
+	var state atomic.Int32 // 0 reading, 1 read, 2 given up
+	go func() {
+		// Never unlocked: the thread exits with the goroutine, instead of
+		// staying idle in Go's pool after a flood of stalled reads.
+		runtime.LockOSThread()
+		ifr, err := readIfreq(tid, addr)
+		if !state.CompareAndSwap(0, 1) {
+			a.stalled.Add(-1)
+		}
+		done <- result{ifr, err}
+	}()
+	timer := time.NewTimer(readDeadline)
+	defer timer.Stop()
+	why := "stalled for " + readDeadline.String()
+	select {
+	case r := <-done:
+		return r.ifr, r.err
+	case <-timer.C:
+	case <-a.quit:
+		why = "the agent stops"
+	}
+	a.stalled.Add(1) // before the swap, so that the reader's -1 follows it
+	if !state.CompareAndSwap(0, 2) {
+		a.stalled.Add(-1)
+		r := <-done
+		return r.ifr, r.err
+	}
+	return ifreq{}, fmt.Errorf("ifreq of thread %d at 0x%x: %w: %s", tid, addr, errReadGivenUp, why)
 }
 
 // readIfreq reads ifr_name and ifr_flags from the caller's memory.

@@ -43,7 +43,8 @@ type Listener struct {
 // SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV before the agent remembered.
 func (a *Agent) Detach() []Listener {
 	a.mu.Lock()
-	a.closed, a.detaching = true, true
+	a.stop()
+	a.detaching = true
 	for f := range a.listeners {
 		// A deadline in the past wakes the goroutine parked in the poller
 		// and leaves the file open; closing it would end the filter.
