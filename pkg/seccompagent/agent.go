@@ -104,6 +104,9 @@ type Agent struct {
 	// still under way is given up (readCallerIfreq).
 	quit    chan struct{}
 	stalled atomic.Int32 // reads given up and still blocked in the kernel
+	// givenUp spaces out the log lines about them, which a caller that
+	// stalls call after call would repeat.
+	givenUp unixsock.Every
 
 	// beforeReply, for tests (set under mu), runs after the decision and
 	// before the answer, attached telling whether the caller's fd was
@@ -123,6 +126,7 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	return &Agent{
 		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store, observe: opts.Observe,
 		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
+		givenUp:   unixsock.Every{Interval: 10 * time.Second},
 		listeners: map[*os.File]string{}, quit: make(chan struct{}),
 	}, nil
 }

@@ -66,7 +66,9 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	if errors.Is(err, errReadGivenUp) {
 		// CONTINUE grants nothing: the kernel reads the ifreq itself, in
 		// the caller's context, and judges the caller.
-		a.log.Warn("cannot read the caller's ifreq in time: left to the kernel (no NAPI)", "pid", tid, "err", err)
+		if ok, held := a.givenUp.Allow(); ok {
+			a.log.Warn("cannot read the caller's ifreq in time: left to the kernel (no NAPI)", "pid", tid, "err", err, "heldBackSinceLastLine", held)
+		}
 	}
 	if err != nil || !interesting(ifr) {
 		return continueVerdict
@@ -301,11 +303,14 @@ func (a *Agent) readCallerIfreq(tid int, addr uint64) (ifreq, error) {
 	done := make(chan result, 1)
 	var state atomic.Int32 // 0 reading, 1 read, 2 given up
 	go func() {
-		// Never unlocked: the thread exits with the goroutine, instead of
-		// staying idle in Go's pool after a flood of stalled reads.
+		// Unlocked only after a read in time: a thread that stalled exits
+		// with the goroutine instead of idling in Go's pool after a flood
+		// of stalled reads, and one that did not is used again.
 		runtime.LockOSThread()
 		ifr, err := readIfreq(tid, addr)
-		if !state.CompareAndSwap(0, 1) {
+		if state.CompareAndSwap(0, 1) {
+			runtime.UnlockOSThread()
+		} else {
 			a.stalled.Add(-1)
 		}
 		done <- result{ifr, err}
