@@ -232,6 +232,9 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 		if err := unknownKeys(stdin); err != nil {
 			return nil, err
 		}
+		if err := misspeltPodArgs(stdin); err != nil {
+			return nil, err
+		}
 	}
 	if !slices.Contains(SupportedVersions, nc.CNIVersion) {
 		return nil, invalid("cniVersion", "%q is not supported (supported: %s)", nc.CNIVersion, strings.Join(SupportedVersions, ", "))

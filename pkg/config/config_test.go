@@ -278,6 +278,38 @@ func TestLoadRejectsInvalidConfig(t *testing.T) {
 	}
 }
 
+// A pod's cni-args typo would run with the network's value: a key one or
+// two edits from one of napitap's per-pod keys is refused, naming the one
+// meant; any other key is left to the chain's other plugins, as CNI's
+// conventions ask.
+func TestLoadRefusesMisspeltPodArgsAndPassesOthers(t *testing.T) {
+	tests := []struct {
+		name, args, field, want string // field "": accepted
+	}{
+		{"a misspelt queues is refused with the right spelling", `"queus":8`, "args.cni.queus", `did you mean "queues"?`},
+		{"threadedNapi in the wrong case is refused", `"threadedNAPI":false`, "args.cni.threadedNAPI", `did you mean "threadedNapi"?`},
+		{"a groFlushTimeout missing a letter is refused", `"groFlushTimeot":50000`, "args.cni.groFlushTimeot", `did you mean "groFlushTimeout"?`},
+		{"the ips of CNI's conventions pass to other plugins", `"ips":["10.1.1.5/24"]`, "", ""},
+		{"a key of another plugin far from napitap's passes", `"vlanTrunk":"100-200"`, "", ""},
+		{"napitap's own keys pass", `"queues":8,"napi":true,"threadedNapi":true,"groFlushTimeout":50000,"mac":"02:00:00:00:00:01"`, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.Load([]byte(conf(`"args":{"cni":{`+tt.args+`}}`)), att("net1"))
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Load: %v, want it accepted", err)
+				}
+				return
+			}
+			wantCNIError(t, err, types.ErrInvalidNetworkConfig, tt.field)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Load: %v, want it to say %q", err, tt.want)
+			}
+		})
+	}
+}
+
 // A typo in a key would run with the default; it is refused, naming the
 // key and the one that was meant.
 func TestLoadRefusesUnknownKeys(t *testing.T) {

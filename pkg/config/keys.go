@@ -122,6 +122,39 @@ func editDistance(a, b string) int {
 	return d[len(ra)][len(rb)]
 }
 
+// conventionArgs are args.cni keys that CNI's conventions (CONVENTIONS.md)
+// give other plugins of a chain: never taken for a misspelling of
+// napitap's, however close.
+var conventionArgs = []string{"bandwidth", "deviceID", "infinibandGUID", "ips", "labels", "mac", "portMappings"}
+
+// misspeltPodArgs refuses an args.cni key within one or two edits of one
+// of napitap's per-pod keys (PodArgs): a pod's cni-args typo would
+// otherwise run with the network's value. Any other key passes: CNI leaves
+// args keys a plugin does not know to the chain's other plugins.
+func misspeltPodArgs(stdin []byte) error {
+	var nested struct {
+		Args struct {
+			CNI map[string]json.RawMessage `json:"cni"`
+		} `json:"args"`
+	}
+	_ = json.Unmarshal(stdin, &nested)
+	known := jsonKeys(reflect.TypeFor[PodArgs]())
+	keys := make([]string, 0, len(nested.Args.CNI))
+	for k := range nested.Args.CNI {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if slices.Contains(known, k) || slices.Contains(conventionArgs, k) {
+			continue
+		}
+		if near := nearest(k, known); near != "" {
+			return invalid("args.cni."+k, "unknown key; did you mean %q? (napitap leaves other plugins' args.cni keys alone, but not a misspelling of its own)", near)
+		}
+	}
+	return nil
+}
+
 // unknownKeys checks the network config's own object and its handoff and
 // kataDan objects; runtimeConfig and args carry what runtimes add.
 func unknownKeys(stdin []byte) error {
