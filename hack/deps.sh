@@ -76,7 +76,7 @@ test)
 	exit 2
 	;;
 esac
-command -v go >/dev/null || { echo "deps: Go 1.26+ must be on PATH or in /usr/local/go/bin" >&2; exit 1; }
+command -v go >/dev/null || { echo "deps: Go 1.26.8+ (go.mod's) must be on PATH or in /usr/local/go/bin" >&2; exit 1; }
 
 if [ ${#missing[@]} -eq 0 ] && [ "$need_lists" = 0 ]; then
 	exit 0

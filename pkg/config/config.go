@@ -338,7 +338,7 @@ func Load(stdin []byte, att Attachment) (*Config, error) {
 	}
 	// Threaded NAPI by default: of the NAPI modes it measured best for TCP
 	// (one stream 1.08-2.67x a plain queue, by machine; docs/bench/
-	// datapath.md), where NAPI in softirq costs 6-25% per frame.
+	// datapath.md), where NAPI in softirq costs 6-20% per frame.
 	if nc.ThreadedNAPI == nil && nc.Args.CNI.ThreadedNAPI == nil {
 		c.ThreadedNAPI = c.NAPI
 	}

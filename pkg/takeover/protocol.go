@@ -5,7 +5,7 @@
 //
 // Transport: SocketName in the state dir (root only, in a directory no
 // VM pod mounts), SOCK_SEQPACKET. Each side checks that the other is a
-// napitapd (pkg/peerauth: root with napitapd's capabilities) before it
+// napitapd (pkg/peer: root with napitapd's capabilities) before it
 // says anything: the old one on connect, the new one on accept. Every message is
 // one datagram holding one JSON object (at most MaxHeader bytes) with its
 // fds, if any, as SCM_RIGHTS (at most MaxFDs):

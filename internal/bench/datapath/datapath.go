@@ -299,7 +299,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.Warmup, "warmup", 300*time.Millisecond, "traffic before each measurement window")
 	fs.IntVar(&o.Runs, "runs", 5, "runs of every cell; modes are interleaved within a run")
 	modes := fs.String("modes", "plain,napi,threaded,gro20,gro50,gro200,frags",
-		"tap configurations: plain, or '+'-joined napi, threaded, frags, gro<us>, defer<n> (e.g. threaded+gro50)")
+		"tap configurations: plain, or '+'-joined napi, threaded, frags, gro<us>, defer<n> (e.g. threaded+gro50); either may end in +noqueue (root qdisc noqueue)")
 	sizes := fs.String("sizes", "udp64,udp512,tcp1448,gso64k", "workloads, guest to host: udp<payload>, tcp<segment payload>, gso<frame bytes>[k]; host to guest: h2g-udp<payload>, h2g-tcp; round trips: rr<payload>; none: only --scale-taps")
 	queues := fs.String("queues", "1,2", "queue counts; N queues get N flows, N writers (one per queue fd) and N receivers")
 	fs.StringVar(&o.Out, "out", "docs/bench", "directory for datapath.md, datapath.json and the plots datapath-tcp.svg, datapath-udp.svg and datapath-h2g.svg")
