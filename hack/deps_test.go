@@ -43,7 +43,7 @@ func TestDepsChecksProgramsBeforeAPackageManager(t *testing.T) {
 			target:   "demo",
 			programs: []string{"ip", "tc"},
 			wantCode: 1,
-			wantErr:  []string{"Go 1.26+ must be on PATH"},
+			wantErr:  []string{"Go 1.26.8+ (go.mod's) must be on PATH"},
 		},
 		{
 			name:     "an unknown target is a usage error",
