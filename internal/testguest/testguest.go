@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/napitap/napitap/internal/inet"
+	"github.com/napitap/napitap/pkg/inet"
 )
 
 const (

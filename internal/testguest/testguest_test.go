@@ -15,8 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/internal/inet"
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/inet"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/internal/inet"
+	"github.com/napitap/napitap/pkg/inet"
 )
 
 const (

@@ -9,8 +9,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/napitap/napitap/internal/inet"
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/inet"
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 

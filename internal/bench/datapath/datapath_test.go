@@ -20,8 +20,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/internal/inet"
 	"github.com/napitap/napitap/internal/nstest"
+	"github.com/napitap/napitap/pkg/inet"
 )
 
 var tapMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x2a}

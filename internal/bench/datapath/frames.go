@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/napitap/napitap/internal/inet"
+	"github.com/napitap/napitap/pkg/inet"
 )
 
 // Frame layout as a VMM without vhost-net writes it into a queue fd: a
