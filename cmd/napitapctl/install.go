@@ -7,6 +7,15 @@ import (
 	"github.com/napitap/napitap/pkg/install"
 )
 
+// installPluginUsage is what --help and help install-plugin print (main.go's verbs).
+const installPluginUsage = `  napitapctl install-plugin [--from PATH] --dir DIR [--name NAME]
+      Install the plugin binary (default /opt/napitap/bin/napitap) into the
+      CNI bin dir DIR under its own name (or NAME), atomically: a temporary file in
+      DIR, synced, then renamed over the old one, so that a runtime exec'ing
+      the plugin meanwhile runs the old or the new one. A symlink there is
+      refused. Says what it replaced.
+`
+
 // installPlugin installs the plugin binary into a CNI bin dir without a
 // shell (the image has none): the DaemonSet's install-cni init container.
 func installPlugin(args []string) error {

@@ -12,6 +12,14 @@ import (
 // defaultListener is where napitapd's seccomp agent listens.
 const defaultListener = "/run/napitap/seccomp.sock"
 
+// seccompProfileUsage is what --help and help seccomp-profile print (main.go's verbs).
+const seccompProfileUsage = `  napitapctl seccomp-profile [--listener PATH] vmm|virt-launcher
+  napitapctl seccomp-profile [--listener PATH] --install DIR
+      Print a Localhost seccomp profile that sends the VMM's TUNSETIFF to
+      napitapd's seccomp agent, or install every kind into DIR (a kubelet
+      seccomp dir, e.g. /var/lib/kubelet/seccomp/napitap).
+`
+
 // seccompProfile prints one profile, or installs them all into a kubelet
 // seccomp dir (the DaemonSet's init container does this on every node).
 func seccompProfile(args []string) error {

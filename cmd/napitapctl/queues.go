@@ -12,6 +12,18 @@ import (
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
+// queuesUsage is what --help and help queues print (main.go's verbs).
+const queuesUsage = `  napitapctl queues --netns PATH --tap NAME [-o table|json]
+  napitapctl [--socket PATH] queues --container ID --ifname IF [-o table|json]
+      Every open queue of the tap on the node, read from the kernel: the
+      process holding it (pid, command), its fd, and TUNGETIFF's flags on
+      it, NAPI among them. The kernel keeps one set of flags per tap, those
+      of the attach that took it from no queue to one (docs/DESIGN.md fact
+      2): they are the queues' when all were opened alike, as a VMM opens
+      them. Detached queues are not listed. Needs root with CAP_SYS_PTRACE
+      (napitapd's container has it).
+`
+
 // queues lists the open queues of a tap, named by its netns and name or
 // by the attachment napitapd records.
 func queues(client *handoff.Client, args []string) error {
