@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real-node e2e's binaries, kube-apiserver, kubelet, kubectl,
 # kube-controller-manager and kube-scheduler (k8s.io/kubernetes v1.37.2; the
-# last two run the DaemonSet as a cluster does) and etcd
+# last two run the DaemonSet as a cluster does), kubeadm and kube-proxy (for
+# the kind node image, test/e2e/kind/nodeimage.sh) and etcd
 # (go.etcd.io/etcd/server/v3, the version that release pins), from the Go
 # module proxy through the nested wrapper module test/e2e/node/k8sbuild,
 # into the gitignored .cache/k8s-<version>/. It builds only when a binary
@@ -15,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 mod=$here/k8sbuild
 out=$root/.cache/k8s-$version
-bins=(kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler etcd)
+bins=(kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler kubeadm kube-proxy etcd)
 
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || { echo "Go 1.26+ must be on PATH (e.g. /usr/local/go/bin)" >&2; exit 1; }
@@ -42,6 +43,7 @@ if ! $fresh; then
 	(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
 		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+		k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy \
 		go.etcd.io/etcd/server/v3)
 	mv "$tmp/server" "$tmp/etcd" # go names the etcd main after server/v3 less its major version
 	mkdir -p "$out"
