@@ -38,7 +38,7 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test deps-image build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind image print-image deploy-manifests release lint-workflows fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 
 all: build
 
@@ -135,6 +135,15 @@ e2e-node: deps-test deps-image build tools
 # kind, Multus and the DaemonSet; needs a Docker engine.
 e2e-kind:
 	./test/e2e/kind/run.sh
+
+# The kind node image, built offline into .cache/kind (test/e2e/kind/nodeimage.sh).
+kind-node-image:
+	./test/e2e/kind/nodeimage.sh
+
+# A kind cluster of that image, privileged or through the docker wrapper
+# (test/e2e/kind/cluster.sh; KIND_WORKERS=2 for three nodes).
+kind-cluster: kind-node-image
+	./test/e2e/kind/cluster.sh create
 
 # deploy/Dockerfile, built by the first builder that works here: docker with
 # an engine behind it, podman, buildah (hack/deps.sh image installs buildah

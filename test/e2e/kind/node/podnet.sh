@@ -4,9 +4,10 @@
 # pods on a single Docker network, less its masquerade and network
 # policies. Every few seconds, with the kubelet's own credentials, it
 # reads each node's podCIDR and InternalIP; it writes this node's CNI
-# config (ptp and host-local on its podCIDR, then portmap, as kindnetd's)
-# once that is known, and keeps a route to every other node's podCIDR
-# through that node. Run by podnet.service (test/e2e/kind/nodeimage.sh).
+# config once that is known (ptp and host-local on its podCIDR, as
+# kindnetd's, less portmap: the plugins module v1.10.0 lacks a go.sum line
+# for go-shellwords, so portmap does not build from the module proxy), and
+# keeps a route to every other node's podCIDR through that node. Run by podnet.service (test/e2e/kind/nodeimage.sh).
 set -o nounset -o pipefail
 
 kubeconfig=/etc/kubernetes/kubelet.conf
@@ -14,9 +15,31 @@ conf=/etc/cni/net.d/10-kindnet.conflist
 me=$(hostname)
 mtu=$(cat /sys/class/net/eth0/mtu 2>/dev/null || echo 1500)
 
+# The node authorizer lets a kubelet read its own Node only; RBAC may grant
+# more. The control plane (the only node with admin.conf) grants every node
+# get and list of nodes, once.
+rbac=
+grant() {
+	kubectl --kubeconfig /etc/kubernetes/admin.conf apply -f - >/dev/null <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "napitap-kind:podnet"}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get, list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "napitap-kind:podnet"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "napitap-kind:podnet"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}]
+YAML
+}
+
 while :; do
 	sleep 2
 	[ -f "$kubeconfig" ] || continue
+	if [ -z "$rbac" ] && [ -f /etc/kubernetes/admin.conf ]; then
+		grant && rbac=1 && echo "podnet: nodes may list nodes (ClusterRole napitap-kind:podnet)"
+	fi
 	nodes=$(kubectl --kubeconfig "$kubeconfig" get nodes -o \
 		jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}' 2>/dev/null) || continue
 	while read -r name cidr ip; do
@@ -29,8 +52,7 @@ while :; do
   "plugins": [
     {"type": "ptp", "ipMasq": false, "mtu": $mtu,
      "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state",
-              "routes": [{"dst": "0.0.0.0/0"}], "ranges": [[{"subnet": "$cidr"}]]}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
+              "routes": [{"dst": "0.0.0.0/0"}], "ranges": [[{"subnet": "$cidr"}]]}}
   ]
 }
 JSON
