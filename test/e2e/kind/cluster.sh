@@ -98,8 +98,8 @@ networking:
   # kindnetd's image cannot be had offline: the node image's podnet.service
   # writes each node's CNI config and the routes between nodes.
   disableDefaultCNI: true
-  # kube-proxy's image needs iptables in it: not built yet.
-  kubeProxyMode: none
+  # kube-proxy's image holds Debian's nft, not iptables.
+  kubeProxyMode: nftables
 nodes:
 - role: control-plane
 EOF

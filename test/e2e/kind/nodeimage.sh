@@ -13,8 +13,9 @@
 #     module proxy (v1.37.2), and crictl and the CNI plugins, also Go
 #     modules;
 #   - images made here from static binaries (test/e2e/kind/imagepack):
-#     pause, kube-apiserver, kube-controller-manager, kube-scheduler and
-#     etcd, imported into the rootfs's containerd by containerd itself,
+#     pause, kube-apiserver, kube-controller-manager, kube-scheduler,
+#     kube-proxy (with Debian's nft) and etcd, imported into the rootfs's
+#     containerd by containerd itself,
 #     chrooted in a mount and PID namespace of its own with no CRI;
 #   - napitap's additions in test/e2e/kind/node/ (the first entrypoint,
 #     the pod network in place of kindnetd).
@@ -147,14 +148,20 @@ printf '%s' "$k8s_version" >"$rootfs/kind/version"
 # sandbox_image) name them. etcd is the version the apiserver's module
 # graph pins, tagged as such: cluster.yaml tells kubeadm its tag.
 mkdir -p "$work/images"
-pack() { # ref path-in-image binary: the binary at that path, its entrypoint
-	local ref=$1 path=$2 bin=$3 d
+pack() { # ref path-in-image binary [rootfs-file...]: the binary at that path, its
+	# entrypoint; each rootfs file (and the libraries it links) at its path
+	local ref=$1 path=$2 bin=$3 d f lib
 	d=$(mktemp -d "$work/img.XXXXXX")
 	mkdir -p "$d/tmp" "$d/etc" "$d/${path%/*}"
 	chmod 1777 "$d/tmp"
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$d/etc/passwd"
 	printf 'root:x:0:\nnobody:x:65534:\n' >"$d/etc/group"
 	cp "$bin" "$d/$path"
+	for f in "${@:4}"; do
+		for lib in "$f" /etc/ld.so.cache $(chroot "$rootfs" ldd "$f" | grep -o '/[^ ]*'); do
+			(cd "$rootfs" && cp -L --parents ".$lib" "$d/")
+		done
+	done
 	"$cache/bin/imagepack" -o "$work/images/$(echo "$ref" | tr /: __).tar" -ref "$ref" -entrypoint "$path" "$d"
 	echo "$ref" >>"$rootfs/kind/images"
 }
@@ -165,10 +172,10 @@ for ref in "${kubeadm_images[@]}"; do
 		name=${name%%:*}
 		pack "$ref" "/usr/local/bin/$name" "$k8s/$name"
 		;;
+	# kube-proxy in nftables mode (cluster.sh) runs Debian's nft.
+	*/kube-proxy:*) pack "$ref" /usr/local/bin/kube-proxy "$k8s/kube-proxy" /usr/sbin/nft ;;
 	*/etcd:*) pack "${ref%:*}:$etcd_version-napitap" /usr/local/bin/etcd "$k8s/etcd" ;;
 	*/pause:*) pack "$ref" /pause "$cache/bin/pause" ;;
-	# kube-proxy's image needs iptables and nft in it: not yet (cluster.sh
-	# runs without kube-proxy).
 	*) log "no image for $ref: what runs it will not start" ;;
 	esac
 done
