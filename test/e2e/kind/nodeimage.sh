@@ -224,6 +224,7 @@ rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/i
 	"$rootfs"/var/log/* "$rootfs"/var/cache/debconf/*-old "$rootfs"/etc/machine-id
 : >"$rootfs/etc/machine-id"
 
+old=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 log "docker import (rootfs $(du -sh "$rootfs" | cut -f1))"
 # docker import takes no STOPSIGNAL: a FROM-only build adds it (systemd
 # stops on SIGRTMIN+3), with the legacy builder, which pulls nothing.
@@ -234,5 +235,7 @@ tar -C "$rootfs" --numeric-owner -c . | docker import \
 printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\nLABEL napitap.kind.stamp=%s napitap.kind.etcd-tag=%s\n' "$image-rootfs" "$stamp" "$etcd_version-napitap" |
 	DOCKER_BUILDKIT=0 docker build -q -t "$image" - >/dev/null 2>"$work/build.log" || { cat "$work/build.log" >&2; exit 1; }
 docker rmi "$image-rootfs" >/dev/null
+# The previous build, unless a container still uses it.
+if [ -n "$old" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
 log "built $image in $(($(date +%s) - start)) s: $(docker image inspect -f '{{.Size}}' "$image" | numfmt --to=iec)"
 echo "$image"
