@@ -16,12 +16,13 @@ import (
 const queuesUsage = `  napitapctl queues --netns PATH --tap NAME [-o table|json]
   napitapctl [--socket PATH] queues --container ID --ifname IF [-o table|json]
       Every open queue of the tap on the node, read from the kernel: the
-      process holding it (pid, command), its fd, and TUNGETIFF's flags on
-      it, NAPI among them. The kernel keeps one set of flags per tap, those
-      of the attach that took it from no queue to one (docs/DESIGN.md fact
-      2): they are the queues' when all were opened alike, as a VMM opens
-      them. Detached queues are not listed. Needs root with CAP_SYS_PTRACE
-      (napitapd's container has it).
+      process holding it (pid, command), its fd, and the TAP's flags,
+      NAPI among them. The kernel decides NAPI per queue but shows no
+      queue's own: TUNGETIFF gives one set of flags per tap, those of the
+      attach that took it from no queue to one (docs/DESIGN.md fact 2).
+      They are each queue's only where all were opened alike, as a VMM
+      opens them. Detached queues are not listed. Needs root with
+      CAP_SYS_PTRACE (napitapd's container has it).
 `
 
 // queues lists the open queues of a tap, named by its netns and name or
@@ -76,12 +77,15 @@ func queues(client *handoff.Client, args []string) error {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PID\tCOMMAND\tFD\tFLAGS\tNAPI\tFRAGS\tMULTIQUEUE")
+	fmt.Fprintln(w, "PID\tCOMMAND\tFD\tTAP FLAGS\tTAP NAPI\tTAP FRAGS\tTAP MULTIQUEUE")
 	for _, q := range found {
-		fmt.Fprintf(w, "%d\t%s\t%d\t%#x\t%v\t%v\t%v\n", q.PID, q.Command, q.FD, q.Flags, q.NAPI, q.Frags, q.MultiQueue)
+		fmt.Fprintf(w, "%d\t%s\t%d\t%#x\t%v\t%v\t%v\n", q.PID, q.Command, q.FD, q.Tap.Flags, q.Tap.NAPI, q.Tap.Frags, q.Tap.MultiQueue)
 	}
 	if flushErr := w.Flush(); flushErr != nil {
 		return flushErr
+	}
+	if len(found) > 0 {
+		fmt.Println("TAP flags are the tap's, written by its first attached queue: the kernel shows no queue's own (napitapctl help queues)")
 	}
 	if len(found) == 0 && err == nil {
 		fmt.Fprintf(os.Stderr, "napitapctl: no process holds a queue of tap %q in %s\n", *tap, *netns)

@@ -74,7 +74,7 @@ func TestQueuesListsEveryOpenQueueOfTheTapFromTheKernel(t *testing.T) {
 			}
 			var fds []int
 			for _, q := range got {
-				if q.PID != os.Getpid() || q.NAPI != tc.wantNAPI {
+				if q.PID != os.Getpid() || q.Tap.NAPI != tc.wantNAPI {
 					t.Errorf("queue %+v: want pid %d, napi %v", q, os.Getpid(), tc.wantNAPI)
 				}
 				fds = append(fds, q.FD)

@@ -1,7 +1,16 @@
 // Package tapqueues lists the open queues of a tap on the node, read from
 // the kernel: which processes hold them (a VMM, napitapd, napitap-fdstore),
-// and the flags TUNGETIFF gives on each. It is napitapctl queues, the check
-// that a running VM's queues got NAPI without asking its runtime.
+// and the tap's flags, which TUNGETIFF gives on each. It is napitapctl
+// queues, the check that a running VM's queues got NAPI without asking its
+// runtime.
+//
+// The kernel decides NAPI per attaching fd (tun_attach) but shows it for
+// none: TUNGETIFF gives the tap's flags, written by the attach that took
+// it from no queue to one; fdinfo gives the tap's name alone; netdev's
+// generic netlink lists no tun NAPI instance (they have no NAPI id); and
+// threaded NAPI's kernel threads, one per NAPI queue, are named after the
+// tap but not its netns (docs/DESIGN.md fact 2). So a queue's Tap flags
+// are its own only where every queue was opened alike, as VMMs do.
 package tapqueues
 
 import (
@@ -21,13 +30,15 @@ import (
 
 // Queue is one open /dev/net/tun file attached to the tap.
 type Queue struct {
-	PID     int    `json:"pid"`
-	Command string `json:"command"`
-	FD      int    `json:"fd"`
-	// Flags are TUNGETIFF's on that fd. The kernel keeps one set for the
-	// tap, which the attach that took it from no queue to one wrote
-	// (docs/DESIGN.md fact 2): they say what its queues were opened with
-	// when all are opened alike, as VMMs do.
+	PID     int      `json:"pid"`
+	Command string   `json:"command"`
+	FD      int      `json:"fd"`
+	Tap     TapFlags `json:"tap"` // the tap's, not this queue's own (package doc)
+}
+
+// TapFlags are TUNGETIFF's flags: the tap's, which the attach that took it
+// from no queue to one wrote.
+type TapFlags struct {
 	Flags      uint16 `json:"flags"`
 	NAPI       bool   `json:"napi"`
 	Frags      bool   `json:"frags"`
@@ -148,8 +159,8 @@ func read(pidfd, fd int, netnsID uint64) (*Queue, error) {
 		return nil, err
 	}
 	flags := ifr.Uint16()
-	return &Queue{FD: fd, Flags: flags, NAPI: flags&unix.IFF_NAPI != 0, Frags: flags&unix.IFF_NAPI_FRAGS != 0,
-		MultiQueue: flags&unix.IFF_MULTI_QUEUE != 0, VnetHdr: flags&unix.IFF_VNET_HDR != 0}, nil
+	return &Queue{FD: fd, Tap: TapFlags{Flags: flags, NAPI: flags&unix.IFF_NAPI != 0, Frags: flags&unix.IFF_NAPI_FRAGS != 0,
+		MultiQueue: flags&unix.IFF_MULTI_QUEUE != 0, VnetHdr: flags&unix.IFF_VNET_HDR != 0}}, nil
 }
 
 func command(pid int) string {

@@ -180,8 +180,8 @@ echo "RECEIVED $(nc %[1]s 5002 | wc -c)"
 				t.Errorf("pod %s: napitapctl queues found %d queues of QEMU's (%v), want 2", p.name, len(qs.qemu), qs.err)
 			}
 			for _, q := range qs.qemu {
-				if q.NAPI != tc.wantMerged {
-					t.Errorf("pod %s: napitapctl queues: QEMU's fd %d napi %v, want %v", p.name, q.FD, q.NAPI, tc.wantMerged)
+				if q.Tap.NAPI != tc.wantMerged {
+					t.Errorf("pod %s: napitapctl queues: QEMU's fd %d tap napi %v, want %v", p.name, q.FD, q.Tap.NAPI, tc.wantMerged)
 				}
 			}
 
