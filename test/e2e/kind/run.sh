@@ -114,7 +114,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-phase "build: node image, napitap image, Multus image, napitap-verify"
+phase "build: images (node, napitap, Multus), napitap-verify"
 # The node image (cached; cluster.sh would build it too) and kubectl.
 test/e2e/kind/nodeimage.sh >/dev/null
 k8s=$(bash test/e2e/node/build.sh --path)
@@ -138,7 +138,7 @@ multus=$(test/e2e/kind/multus.sh)
 
 phase "cluster: cluster.sh create (3 nodes)"
 created=1
-test/e2e/kind/cluster.sh create
+env -u TIMEOUT test/e2e/kind/cluster.sh create # its TIMEOUT is in seconds: its own default
 mapfile -t nodes < <("$kind" get nodes --name "$cluster" | sort)
 [ "${#nodes[@]}" = 3 ] || fail "cluster $cluster has ${#nodes[@]} nodes, not 3: ${nodes[*]}"
 mapfile -t workers < <(k get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's#^node/##' | sort)
