@@ -132,7 +132,8 @@ e2e: deps-test build tools
 e2e-node: deps-test deps-image build tools
 	$(GO) test -count=1 -v -timeout 40m ./test/e2e/node/
 
-# kind, Multus and the DaemonSet; needs a Docker engine.
+# kind, Multus and the DaemonSet, offline: three nodes of the node image
+# below, a pod on each worker (test/e2e/kind/run.sh); root and a Docker engine.
 e2e-kind:
 	./test/e2e/kind/run.sh
 

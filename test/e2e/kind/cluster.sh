@@ -6,6 +6,12 @@
 #                       cluster, wait for every node to be Ready, and check
 #                       that the machine's kernel settings did not change
 #   cluster.sh delete   delete it (kind delete cluster)
+#   cluster.sh load ARCHIVE...
+#                       kind load image-archive into every node, in the
+#                       mode create picked (kind runs `docker exec
+#                       --privileged` there too)
+#   cluster.sh sysctls  compare the machine's kernel settings with those
+#                       create recorded before it started the cluster
 #
 # The mode: a tiny offline image (a static binary, `docker import`ed) is
 # started with --privileged. Where it starts, kind runs unmodified. Where
@@ -41,15 +47,46 @@ host_sysctls() {
 		sort
 }
 
+# Compares the machine's sysctls with those recorded before create.
+check_sysctls() {
+	host_sysctls >"$cache/sysctls-$cluster.after"
+	for s in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
+		echo "$s: before $(grep "^$s = " "$cache/sysctls-$cluster.before" | cut -d' ' -f3), now $(sysctl -n "$s")" >&2
+	done
+	if ! diff "$cache/sysctls-$cluster.before" "$cache/sysctls-$cluster.after" >&2; then
+		echo "FAIL: the machine's sysctls changed" >&2
+		return 1
+	fi
+	echo "$(wc -l <"$cache/sysctls-$cluster.after") machine-wide sysctls unchanged" >&2
+}
+
 case ${1:-} in
 delete)
 	"$kind" delete cluster --name "$cluster" --kubeconfig "$kubeconfig"
 	if docker network inspect "$cluster" >/dev/null 2>&1; then docker network rm "$cluster" >/dev/null; fi
+	rm -f "$cache/mode-$cluster"
+	exit
+	;;
+load)
+	shift
+	mode=$(cat "$cache/mode-$cluster" 2>/dev/null) || { echo "cluster.sh load: no cluster $cluster made by cluster.sh create" >&2; exit 1; }
+	if [ "$mode" = wrapper ]; then PATH=$here:$PATH; fi
+	for a in "$@"; do
+		l0=$(date +%s)
+		"$kind" load image-archive --name "$cluster" "$a"
+		echo "kind load image-archive $a ($(du -h "$a" | cut -f1), mode $mode): $(($(date +%s) - l0)) s" >&2
+	done
+	exit
+	;;
+sysctls)
+	[ -f "$cache/sysctls-$cluster.before" ] || { echo "cluster.sh sysctls: create recorded none for $cluster" >&2; exit 1; }
+	say "the machine's kernel settings (recorded before the cluster started)"
+	check_sysctls
 	exit
 	;;
 create) ;;
 *)
-	echo "usage: $0 create|delete" >&2
+	echo "usage: $0 create|delete|load ARCHIVE...|sysctls" >&2
 	exit 2
 	;;
 esac
@@ -88,6 +125,7 @@ else
 fi
 
 host_sysctls >"$cache/sysctls-$cluster.before"
+echo "$mode" >"$cache/mode-$cluster"
 
 config=$cache/kind-$cluster.yaml
 {
@@ -144,13 +182,5 @@ echo "nodes Ready $(($(date +%s) - w0)) s after kind returned" >&2
 kubectl get nodes -o wide
 
 say "the machine's kernel settings"
-host_sysctls >"$cache/sysctls-$cluster.after"
-for s in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
-	echo "$s: before $(grep "^$s = " "$cache/sysctls-$cluster.before" | cut -d' ' -f3), after $(sysctl -n "$s")"
-done
-if ! diff "$cache/sysctls-$cluster.before" "$cache/sysctls-$cluster.after"; then
-	echo "FAIL: the machine's sysctls changed" >&2
-	exit 1
-fi
-echo "$(wc -l <"$cache/sysctls-$cluster.after") machine-wide sysctls unchanged" >&2
+check_sysctls
 echo "cluster $cluster ready in $(elapsed) (kubectl --kubeconfig $kubeconfig)" >&2
