@@ -348,7 +348,10 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 				own = append(own, c)
 			}
 		}
-		if err := d.srv.AdoptHeld(key, own); err != nil {
+		switch err := d.srv.AdoptHeld(key, own); {
+		case errors.Is(err, handoff.ErrNoState):
+			d.log.Info("takeover: held queues of a released attachment closed", "err", err)
+		case err != nil:
 			d.log.Warn("takeover: held queues not taken; a fetch reopens them", "err", err)
 		}
 	}

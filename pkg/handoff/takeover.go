@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -70,6 +71,13 @@ func (s *Server) TakeHeld() map[Key][]*os.File {
 	return out
 }
 
+// ErrNoState: AdoptHeld was given the queues of an attachment that has no
+// state file. A state file is written before its queues reach the fd
+// holder and removed after they leave it, so they are those of an
+// attachment released while the holder was out of reach, which a crash
+// then left there: closed, and dropped from the holder at its next sync.
+var ErrNoState = errors.New("not in the state dir: released before a crash")
+
 // AdoptHeld makes the server hold files as the queues of the attachment
 // key, which it loaded from the state dir: what TakeHeld of the previous
 // napitapd gave. It trusts them only if each is a /dev/net/tun fd attached
@@ -82,7 +90,7 @@ func (s *Server) AdoptHeld(key Key, files []*os.File) error {
 	var err error
 	switch {
 	case !ok:
-		err = fmt.Errorf("attachment %s: not in the state dir", key)
+		err = fmt.Errorf("attachment %s: %w", key, ErrNoState)
 	case e.att.Intercept:
 		err = fmt.Errorf("attachment %s: napitapd holds no fds for an intercepted tap", key)
 	case len(e.files) > 0:

@@ -1,6 +1,7 @@
 package handoff_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,11 +22,12 @@ func TestATakeoverHandsHeldQueuesToTheNextServer(t *testing.T) {
 		// files replaces what the old server hands over; nil keeps it.
 		files   func(t *testing.T, pod *nstest.NetNS) []*os.File
 		wantErr bool
+		noState bool // the attachment's state file went before the takeover
 	}{
-		{"the held queues of a multiqueue tap are adopted and fetched as NAPI queues", nil, false},
+		{"the held queues of a multiqueue tap are adopted and fetched as NAPI queues", nil, false, false},
 		{"queues of another tap are refused", func(t *testing.T, pod *nstest.NetNS) []*os.File {
 			return newTap(t, pod, other, 4, nil, nil)
-		}, true},
+		}, true, false},
 		{"fds that are no tap queues are refused", func(t *testing.T, pod *nstest.NetNS) []*os.File {
 			var files []*os.File
 			for range 4 {
@@ -36,7 +38,8 @@ func TestATakeoverHandsHeldQueuesToTheNextServer(t *testing.T) {
 				files = append(files, f)
 			}
 			return files
-		}, true},
+		}, true, false},
+		{"the queues of an attachment released before a crash are closed as such", nil, true, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,10 +62,16 @@ func TestATakeoverHandsHeldQueuesToTheNextServer(t *testing.T) {
 				files = tc.files(t, pod)
 			}
 
+			if tc.noState {
+				states, _ := filepath.Glob(filepath.Join(stateDir, "*.json"))
+				for _, p := range states {
+					os.Remove(p)
+				}
+			}
 			next := startDaemon(t, stateDir, filepath.Join(dir, "next.sock"), 0o660)
 			err := next.srv.AdoptHeld(key, files)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("AdoptHeld: %v, want an error: %v", err, tc.wantErr)
+			if (err != nil) != tc.wantErr || errors.Is(err, handoff.ErrNoState) != tc.noState {
+				t.Fatalf("AdoptHeld: %v, want an error: %v (ErrNoState: %v)", err, tc.wantErr, tc.noState)
 			}
 			if tc.wantErr {
 				t.Logf("AdoptHeld: %v", err)
