@@ -38,7 +38,7 @@ DEPLOY    ?= deploy
 PKGS       = $(shell $(GO) list ./... | grep -v /test/e2e/node)
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v /test/e2e/node)
 
-.PHONY: all deps deps-demo deps-test deps-image build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster image print-image deploy-manifests release lint-workflows fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image deps-kind build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 
 all: build
 
@@ -53,6 +53,8 @@ deps-test:
 	./hack/deps.sh test
 deps-image:
 	./hack/deps.sh image
+deps-kind:
+	./hack/deps.sh kind
 
 # The four binaries every image and release holds, static.
 BINARIES  := ./plugins/napitap ./cmd/napitapd ./cmd/napitap-fdstore ./cmd/napitapctl
@@ -134,7 +136,7 @@ e2e-node: deps-test deps-image build tools
 
 # kind, Multus and the DaemonSet, offline: three nodes of the node image
 # below, a pod on each worker (test/e2e/kind/run.sh); root and a Docker engine.
-e2e-kind:
+e2e-kind: deps-kind
 	./test/e2e/kind/run.sh
 
 # The kind node image, built offline into .cache/kind (test/e2e/kind/nodeimage.sh).

@@ -16,6 +16,9 @@
 #                       (cgo: the tests' attacker unshares its user
 #                       namespace before Go starts, internal/ownuserns),
 #                       and qemu-user-static (make test-arm64)
+#   hack/deps.sh kind   make e2e-kind's: jq, debootstrap (the node image's
+#                       Debian 12 root) and an image builder; Docker's
+#                       engine itself the machine provides
 #   hack/deps.sh image  an image builder for make image: docker with an engine
 #                       behind it, podman or buildah; where none works, Debian's
 #                       buildah (a docker client alone is no builder)
@@ -50,6 +53,11 @@ demo)
 	need_cmd tc iproute2
 	;;
 image) need_builder ;;
+kind)
+	need_builder
+	need_cmd jq jq
+	need_cmd debootstrap debootstrap
+	;;
 test)
 	need_cmd ip iproute2
 	need_cmd tc iproute2
@@ -72,7 +80,7 @@ test)
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
-	echo "usage: $0 demo|test|image" >&2
+	echo "usage: $0 demo|test|image|kind" >&2
 	exit 2
 	;;
 esac
