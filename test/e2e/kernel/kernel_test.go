@@ -120,6 +120,22 @@ func TestKernel(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stage, "tests", "list"), []byte(list.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// What the tests read from the tree, beside their working directory
+	// (/src/PKG): docs/, and a package's testdata.
+	src := []string{"docs"}
+	for _, p := range pkgs {
+		if _, err := os.Stat(filepath.Join(root, p, "testdata")); err == nil {
+			src = append(src, filepath.Join(p, "testdata"))
+		}
+	}
+	for _, d := range src {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(stage, "src", d)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if o, err := exec.Command("cp", "-a", filepath.Join(root, d), filepath.Join(stage, "src", d)).CombinedOutput(); err != nil {
+			t.Fatalf("cp %s: %v: %s", d, err, o)
+		}
+	}
 	initSh, err := os.ReadFile(filepath.Join(root, "test", "e2e", "kernel", "init.sh"))
 	if err == nil {
 		err = os.WriteFile(filepath.Join(stage, "init"), initSh, 0o755)
@@ -352,7 +368,7 @@ func hostGlibc(t *testing.T) string {
 }
 
 // packInitrd writes the guest's root cpio followed by a cpio of dir's
-// init and tests: the kernel unpacks one archive after the other.
+// init, tests and src: the kernel unpacks one archive after the other.
 func packInitrd(t *testing.T, rootfs, dir, out string) {
 	f, err := os.Create(out)
 	if err != nil {
@@ -368,7 +384,7 @@ func packInitrd(t *testing.T, rootfs, dir, out string) {
 		t.Fatal(err)
 	}
 	var stderr strings.Builder
-	cmd := exec.Command("sh", "-c", "find init tests | LC_ALL=C sort | busybox cpio -o -H newc")
+	cmd := exec.Command("sh", "-c", "find init tests src | LC_ALL=C sort | busybox cpio -o -H newc")
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = f, &stderr
 	if err := cmd.Run(); err != nil {
