@@ -15,6 +15,9 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8
 # Binaries some tests would go build (internal/cnitest.PrebuiltEnv).
 export NAPITAP_PREBUILT_BIN=/tests/prebuilt
+# TCG runs code 10 to 50 times slower: the limits of tests that time
+# napitap (internal/nstest.TimeScale).
+export NAPITAP_TEST_TIME_SCALE=20
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
