@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,6 +245,7 @@ type pkgResult struct {
 	rc, secs             int
 	passed, skipped      int
 	failed, skippedNames []string
+	fallbacks            []string // the lines tests log where a fallback ran: "(... Linux < N.N)"
 }
 
 type results struct {
@@ -255,6 +257,9 @@ type results struct {
 var (
 	reEnd    = regexp.MustCompile(`^NAPITAP-KERNEL-PKG-END (\S+) rc=(\d+) secs=(\d+)`)
 	reResult = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): (\S+)`)
+	// A test's log line that says a fallback ran: "no X (ENOTTY, Linux <
+	// 6.13): ...", after the file:line prefix.
+	reFallback = regexp.MustCompile(`^\s+\S+_test\.go:\d+: (.*Linux < \d+\.\d+.*)$`)
 )
 
 // parse reads the console: the markers of init.sh and go test -v's
@@ -284,6 +289,11 @@ func parse(console string) results {
 				p.secs, _ = strconv.Atoi(m[3])
 			}
 			cur = nil
+		case cur != nil && reFallback.MatchString(l):
+			f := reFallback.FindStringSubmatch(l)[1]
+			if !slices.Contains(cur.fallbacks, f) {
+				cur.fallbacks = append(cur.fallbacks, f)
+			}
 		case cur != nil && reResult.MatchString(l):
 			m := reResult.FindStringSubmatch(l)
 			switch m[1] {
@@ -322,6 +332,14 @@ func (r results) table(pkgs []string) string {
 				notes += " skipped: " + strings.Join(x.skippedNames, " ")
 			}
 			fmt.Fprintf(&b, "%-20s %-8s %6d %5d %5d %5d  %s\n", p, res, x.secs, x.passed, len(x.failed), x.skipped, strings.TrimSpace(notes))
+		}
+	}
+	b.WriteString("fallbacks the tests saw run:\n")
+	for _, p := range pkgs {
+		if x := r.pkgs[p]; x != nil {
+			for _, f := range x.fallbacks {
+				fmt.Fprintf(&b, "  %s: %s\n", p, f)
+			}
 		}
 	}
 	return b.String()
