@@ -364,7 +364,9 @@ func readIfreq(tid int, addr uint64) (ifreq, error) {
 // are the process's, and the credentials are read by tid (/proc/TID,
 // there being no PIDFD_GET_INFO before 6.13). The notification's validity,
 // checked after this, confirms that tid was still the caller, blocked in
-// its call, when its thread group was read.
+// its call, when its thread group was read. A thread with a file table
+// of its own (unshare(CLONE_FILES)) is refused: pidfd_getfd would take the
+// leader's fd of that number, not the caller's.
 func openPidfd(tid int) (int, error) {
 	fd, err := unix.PidfdOpen(tid, pidfdThread)
 	if !errors.Is(err, unix.EINVAL) {
@@ -374,8 +376,20 @@ func openPidfd(tid int) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	if tgid != tid {
+		same, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(tgid), uintptr(tid), kcmpFiles, 0, 0, 0)
+		switch {
+		case errno != 0:
+			return -1, fmt.Errorf("kcmp of the file tables of thread %d and its process %d: %w", tid, tgid, errno)
+		case same != 0:
+			return -1, fmt.Errorf("thread %d has a file table of its own: no pidfd reaches it before Linux 6.9", tid)
+		}
+	}
 	return unix.PidfdOpen(tgid, 0)
 }
+
+// kcmpFiles is KCMP_FILES of include/uapi/linux/kcmp.h.
+const kcmpFiles = 2
 
 // threadGroup is the Tgid of /proc/TID/status: the process of thread tid.
 func threadGroup(tid int) (int, error) {
