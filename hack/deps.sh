@@ -19,6 +19,10 @@
 #   hack/deps.sh kind   make e2e-kind's: jq, debootstrap (the node image's
 #                       Debian 12 root) and an image builder; Docker's
 #                       engine itself the machine provides
+#   hack/deps.sh kernel make test-kernel's: QEMU, debootstrap (the guest's
+#                       Debian 12 root), busybox (its cpio), dpkg-deb,
+#                       flock, apt package lists (the guest kernel) and gcc
+#                       (cgo test binaries)
 #   hack/deps.sh image  an image builder for make image: docker with an engine
 #                       behind it, podman or buildah; where none works, Debian's
 #                       buildah (a docker client alone is no builder)
@@ -58,6 +62,15 @@ kind)
 	need_cmd jq jq
 	need_cmd debootstrap debootstrap
 	;;
+kernel)
+	need_cmd qemu-system-x86_64 qemu-system-x86
+	need_cmd debootstrap debootstrap
+	need_cmd busybox busybox-static
+	need_cmd dpkg-deb dpkg
+	need_cmd flock util-linux
+	need_cmd gcc gcc
+	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
+	;;
 test)
 	need_cmd ip iproute2
 	need_cmd tc iproute2
@@ -80,7 +93,7 @@ test)
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
-	echo "usage: $0 demo|test|image|kind" >&2
+	echo "usage: $0 demo|test|image|kind|kernel" >&2
 	exit 2
 	;;
 esac

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +119,18 @@ func (n *NetNS) WatchLinkNames(t testing.TB) func() []string {
 			}
 		}
 	}
+}
+
+// TimeScaleEnv multiplies the time limits of tests that measure how long
+// napitap takes (not those that wait for something to happen): a guest
+// under QEMU TCG (make test-kernel sets it) runs code 10 to 50 times
+// slower than the machine it emulates.
+const TimeScaleEnv = "NAPITAP_TEST_TIME_SCALE"
+
+// TimeScale is TimeScaleEnv's factor, 1 unless it is set.
+func TimeScale() time.Duration {
+	if n, err := strconv.Atoi(os.Getenv(TimeScaleEnv)); err == nil && n > 1 {
+		return time.Duration(n)
+	}
+	return 1
 }

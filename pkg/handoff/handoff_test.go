@@ -1619,7 +1619,8 @@ func TestSocketModeAndGroupAreEnforced(t *testing.T) {
 }
 
 // serverFDsPerConnection is what napitapd holds per connection: its socket,
-// and a pidfd of the peer where the kernel has SO_PEERPIDFD.
+// and a pidfd of the peer: SO_PEERPIDFD's, or before Linux 6.5 (which
+// answers ENOPROTOOPT) pidfd_open's of SO_PEERCRED's pid (pkg/peer).
 func serverFDsPerConnection(t *testing.T) int {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
@@ -1629,9 +1630,13 @@ func serverFDsPerConnection(t *testing.T) int {
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
 	pidfd, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PEERPIDFD)
-	if err != nil {
-		return 1
+	switch {
+	case err == nil:
+		unix.Close(pidfd)
+	case errors.Is(err, unix.ENOPROTOOPT):
+		t.Log("no SO_PEERPIDFD (Linux < 6.5): napitapd pins each peer with pidfd_open")
+	default:
+		t.Fatalf("SO_PEERPIDFD: %v", err)
 	}
-	unix.Close(pidfd)
 	return 2
 }

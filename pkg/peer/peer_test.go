@@ -278,18 +278,41 @@ func TestRootInTheInitialUserNamespaceHoldsNetAdminOverItsNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	c := threadCreds(t, unix.Gettid(), fd)
+	tid := unix.Gettid()
+	if !pidfdThreads() {
+		// Before Linux 6.9 only a thread group leader has a pidfd, so the
+		// seccomp agent judges no other thread (it leaves its TUNSETIFF to
+		// the kernel): judge the leader, as the agent would.
+		tid = os.Getpid()
+		t.Logf("no PIDFD_THREAD (Linux < 6.9): the thread judged is the leader, pid %d", tid)
+	}
+	c := threadCreds(t, tid, fd)
 	if c.EUID != 0 || !c.NetAdmin || !c.InitNetAdmin {
 		t.Errorf("root in the initial user namespace reads as %+v", c)
 	}
 }
 
-// threadCreds is Thread for tid, pinned by a pidfd of that thread.
+// pidfdThreads: the kernel opens a pidfd of any thread (PIDFD_THREAD,
+// Linux 6.9); before, pidfd_open knows no flag but PIDFD_NONBLOCK (EINVAL).
+func pidfdThreads() bool {
+	fd, err := unix.PidfdOpen(unix.Gettid(), unix.O_EXCL)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err == nil
+}
+
+// threadCreds is Thread for tid, pinned by a pidfd of that thread, opened
+// as the seccomp agent opens it: with PIDFD_THREAD, or before Linux 6.9 a
+// pidfd of the process, which only a thread group leader's tid gets.
 func threadCreds(t *testing.T, tid, netnsFD int) Creds {
 	t.Helper()
 	pidfd, err := unix.PidfdOpen(tid, unix.O_EXCL) // PIDFD_THREAD
+	if errors.Is(err, unix.EINVAL) && !pidfdThreads() {
+		pidfd, err = unix.PidfdOpen(tid, 0)
+	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("pidfd_open of tid %d: %v", tid, err)
 	}
 	defer unix.Close(pidfd)
 	netns, err := NetnsOf(netnsFD)

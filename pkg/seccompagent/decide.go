@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -354,14 +357,52 @@ func readIfreq(tid int, addr uint64) (ifreq, error) {
 	return ifreq{name: string(name), flags: *(*uint16)(unsafe.Pointer(&buf[unix.IFNAMSIZ]))}, nil
 }
 
-// openPidfd opens the caller thread; a kernel before 6.9 knows only
-// process pidfds, which do for a thread group leader.
+// openPidfd opens the caller thread. A kernel before 6.9 knows only
+// process pidfds (pidfd_open answers EINVAL to PIDFD_THREAD, and to the
+// tid of a thread that does not lead its group): the caller's process's
+// then, its thread group leader's. That serves: the fds pidfd_getfd takes
+// are the process's, and the credentials are read by tid (/proc/TID,
+// there being no PIDFD_GET_INFO before 6.13). The notification's validity,
+// checked after this, confirms that tid was still the caller, blocked in
+// its call, when its thread group was read. A thread with a file table
+// of its own (unshare(CLONE_FILES)) is refused: pidfd_getfd would take the
+// leader's fd of that number, not the caller's.
 func openPidfd(tid int) (int, error) {
 	fd, err := unix.PidfdOpen(tid, pidfdThread)
-	if errors.Is(err, unix.EINVAL) {
-		fd, err = unix.PidfdOpen(tid, 0)
+	if !errors.Is(err, unix.EINVAL) {
+		return fd, err
 	}
-	return fd, err
+	tgid, err := threadGroup(tid)
+	if err != nil {
+		return -1, err
+	}
+	if tgid != tid {
+		same, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(tgid), uintptr(tid), kcmpFiles, 0, 0, 0)
+		switch {
+		case errno != 0:
+			return -1, fmt.Errorf("kcmp of the file tables of thread %d and its process %d: %w", tid, tgid, errno)
+		case same != 0:
+			return -1, fmt.Errorf("thread %d has a file table of its own: no pidfd reaches it before Linux 6.9", tid)
+		}
+	}
+	return unix.PidfdOpen(tgid, 0)
+}
+
+// kcmpFiles is KCMP_FILES of include/uapi/linux/kcmp.h.
+const kcmpFiles = 2
+
+// threadGroup is the Tgid of /proc/TID/status: the process of thread tid.
+func threadGroup(tid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no Tgid", tid)
 }
 
 // unattachedTun: fd is /dev/net/tun (10:200) and not attached to a tap yet

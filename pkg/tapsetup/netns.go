@@ -51,7 +51,9 @@ func NetnsIDOf(fd int) (uint64, error) {
 }
 
 // netnsCookie enters the netns on a locked thread just long enough to make
-// a socket there; the socket's cookie outlives the switch back.
+// a socket there; the socket's cookie outlives the switch back. The
+// thread's own netns needs no setns, and so no CAP_SYS_ADMIN: a process
+// that is not root learns its own netns's id as it does from NS_GET_ID.
 func netnsCookie(nsfd int) (uint64, error) {
 	type result struct {
 		cookie uint64
@@ -68,6 +70,11 @@ func netnsCookie(nsfd int) (uint64, error) {
 			return
 		}
 		defer unix.Close(self)
+		if sameFile(self, nsfd) {
+			r.cookie, r.err = socketNetnsCookie()
+			runtime.UnlockOSThread()
+			return
+		}
 		if r.err = unix.Setns(nsfd, unix.CLONE_NEWNET); r.err != nil {
 			return
 		}
@@ -86,13 +93,33 @@ func netnsCookie(nsfd int) (uint64, error) {
 			r.err = err
 			return
 		}
-		defer unix.Close(sock)
-		r.cookie, err = unix.GetsockoptUint64(sock, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		if errors.Is(err, unix.ENOPROTOOPT) {
-			err = ErrNoNetnsID
-		}
-		r.err = err
+		r.cookie, r.err = sockNetnsCookie(sock)
+		unix.Close(sock)
 	}()
 	r := <-res
 	return r.cookie, r.err
+}
+
+// socketNetnsCookie is the cookie of the calling thread's netns.
+func socketNetnsCookie() (uint64, error) {
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(sock)
+	return sockNetnsCookie(sock)
+}
+
+func sockNetnsCookie(sock int) (uint64, error) {
+	cookie, err := unix.GetsockoptUint64(sock, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		err = ErrNoNetnsID
+	}
+	return cookie, err
+}
+
+// sameFile: fds a and b are the same inode (for nsfs: the same namespace).
+func sameFile(a, b int) bool {
+	var sa, sb unix.Stat_t
+	return unix.Fstat(a, &sa) == nil && unix.Fstat(b, &sb) == nil && sa.Dev == sb.Dev && sa.Ino == sb.Ino
 }
