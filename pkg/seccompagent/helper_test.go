@@ -398,7 +398,7 @@ func decodeTarget(t testing.TB, cmd *exec.Cmd, out []byte, err error, stderr str
 // runTargetProc runs one target to its end, within 30 s.
 func runTargetProc(t testing.TB, spec targetSpec, socket string) targetResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second*nstest.TimeScale())
 	defer cancel()
 	cmd := targetCmd(ctx, t, spec, socket, filterFlags)
 	var stderr bytes.Buffer
