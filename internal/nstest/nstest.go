@@ -3,8 +3,11 @@
 package nstest
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,21 +46,41 @@ type NetNS struct {
 // test ends, whatever the outcome.
 func New(t testing.TB, role string) *NetNS {
 	t.Helper()
-	name := "napitap-" + role + "-" + RandomSuffix()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	n, err := Add("napitap-" + role + "-" + RandomSuffix())
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		if err := n.Delete(); err != nil {
+			t.Error(err)
 		}
 	})
-	netns, err := ns.GetNS(filepath.Join("/run/netns", name))
-	if err != nil {
-		t.Fatalf("open netns %s: %v", name, err)
+	return n
+}
+
+// Add creates the netns name under /run/netns and opens it, for callers
+// that are not tests (the benches); Delete removes it.
+func Add(name string) (*NetNS, error) {
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}
-	t.Cleanup(func() { netns.Close() })
-	return &NetNS{NetNS: netns, Name: name}
+	h, err := ns.GetNS(filepath.Join("/run/netns", name))
+	if err != nil {
+		n := &NetNS{Name: name}
+		return nil, errors.Join(fmt.Errorf("open netns %s: %w", name, err), n.Delete())
+	}
+	return &NetNS{NetNS: h, Name: name}, nil
+}
+
+// Delete closes the netns and removes it from /run/netns.
+func (n *NetNS) Delete() error {
+	if n.NetNS != nil {
+		_ = n.Close()
+	}
+	if out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", n.Name, err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // RandomSuffix is 6 hex digits, short enough for interface names.

@@ -172,7 +172,7 @@ func (b *bench) burst(ctx context.Context, kind burstKind, pods []*netNS) BurstR
 		b.fail("%s: napitapd still holds %d attachments after DEL (err %v)", what, left, err)
 	}
 	for _, pod := range pods {
-		if links, err := pod.links(); err != nil || len(links) > 0 {
+		if links, err := linksOf(pod); err != nil || len(links) > 0 {
 			b.fail("%s: pod netns %s after DEL: links %v, err %v", what, pod.Name, links, err)
 		}
 	}

@@ -418,7 +418,7 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 	b.tallyInto(&row.Del, &row.DelFailures, "napitap DEL", prefix, dels)
 	b.checkHeld(fmt.Sprintf("N=%d, after DEL", n), prefix, 0)
 	for _, pod := range pods {
-		if links, err := pod.links(); err != nil || len(links) > 0 {
+		if links, err := linksOf(pod); err != nil || len(links) > 0 {
 			b.fail("N=%d: pod netns %s after DEL: links %v, err %v", n, pod.Name, links, err)
 		}
 	}

@@ -7,7 +7,6 @@
 package cnibench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -325,33 +324,21 @@ func (b *bench) launcherHWM() int64 {
 
 // --- network namespaces
 
-type netNS struct {
-	ns.NetNS
-	Name string
-}
+// netNS is a pod's or the host's netns of the run.
+type netNS = nstest.NetNS
 
 // newNetNS makes /run/netns/napitap-bench-<suffix>-<role>; cleanup deletes it.
 func (b *bench) newNetNS(role string) (*netNS, error) {
-	name := "napitap-bench-" + b.suffix + "-" + role
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
-	}
-	b.onCleanup(func() error {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip netns del %s: %v: %s", name, err, bytes.TrimSpace(out))
-		}
-		return nil
-	})
-	h, err := ns.GetNS(filepath.Join("/run/netns", name))
+	n, err := nstest.Add("napitap-bench-" + b.suffix + "-" + role)
 	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", name, err)
+		return nil, err
 	}
-	b.onCleanup(h.Close)
-	return &netNS{NetNS: h, Name: name}, nil
+	b.onCleanup(n.Delete)
+	return n, nil
 }
 
-// links lists the links of a netns other than lo.
-func (n *netNS) links() ([]string, error) {
+// linksOf lists the links of a netns other than lo.
+func linksOf(n *netNS) ([]string, error) {
 	var names []string
 	err := n.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()

@@ -252,12 +252,12 @@ func (b *bench) recordDel(v *variant, cid string, add, del chainRun, record bool
 // netns only lo and the bridge, and host-local no reservation.
 func (b *bench) checkLeftovers(vs []*variant) {
 	for _, v := range vs {
-		links, err := v.pod.links()
+		links, err := linksOf(v.pod)
 		if err != nil || len(links) > 0 {
 			b.fail("%s: pod netns %s after the last DEL: links %v, err %v", v.res.Label, v.pod.Name, links, err)
 		}
 	}
-	links, err := b.host.links()
+	links, err := linksOf(b.host)
 	links = slices.DeleteFunc(links, func(l string) bool { return l == "napibr-"+b.suffix+"/bridge" })
 	if err != nil || len(links) > 0 {
 		b.fail("host netns %s after the last DEL: links %v besides lo and the bridge, err %v", b.host.Name, links, err)

@@ -574,7 +574,7 @@ func run(ctx context.Context, opts options, log io.Writer) (res *Results, err er
 		res.Sizes = append(res.Sizes, s.Name)
 	}
 	fmt.Fprintf(log, "datapath: netns %s, %d runs x %d sizes x %d queue counts x %d modes, %s each\n",
-		b.ns.name, opts.Runs, len(opts.Sizes), len(opts.Queues), len(opts.Modes), opts.Duration)
+		b.ns.Name, opts.Runs, len(opts.Sizes), len(opts.Queues), len(opts.Modes), opts.Duration)
 	for r := 1; r <= opts.Runs; r++ {
 		for _, size := range opts.Sizes {
 			for _, q := range opts.Queues {
@@ -725,7 +725,7 @@ func (b *bench) cell(ctx context.Context, run int, mode Mode, size Size, queues 
 	ready.Wait()
 	if size.Dir != guestToHost {
 		if err := b.ns.do(c.podSockets); err != nil {
-			return s, fmt.Errorf("netns %s: %w", b.ns.name, err)
+			return s, fmt.Errorf("netns %s: %w", b.ns.Name, err)
 		}
 	}
 	for i, f := range c.flows {
@@ -811,7 +811,7 @@ func (c *cellRun) podReceivers() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("netns %s: %w", c.b.ns.name, err)
+		return fmt.Errorf("netns %s: %w", c.b.ns.Name, err)
 	}
 	if c.size.Proto == protoTCP {
 		return c.handshakes(c.tap.mac)

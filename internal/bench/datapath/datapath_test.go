@@ -357,7 +357,7 @@ func TestQuickRun(t *testing.T) {
 	nstest.RequireRoot(t)
 	b, opts := testBench(t, "--duration", "500ms", "--warmup", "300ms", "--runs", "1",
 		"--modes", "plain,napi+noqueue", "--sizes", "udp512,tcp1448,h2g-udp64,h2g-tcp,rr64", "--queues", "1", "--out", t.TempDir())
-	netnsPath := b.ns.path
+	netnsPath := b.ns.Path()
 	res := &Results{Machine: machineInfo(), Settings: settings(opts)}
 	for _, size := range opts.Sizes {
 		for _, mode := range opts.Modes {

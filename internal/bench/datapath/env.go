@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,18 +24,15 @@ import (
 
 // podNetns is the pod network namespace of a benchmark: a named netns
 // "napitap-dp-<random>" that lives as long as the benchmark.
-type podNetns struct {
-	name string
-	path string
-}
+type podNetns struct{ *nstest.NetNS }
 
 func newPodNetns() (*podNetns, error) {
-	name := "napitap-dp-" + nstest.RandomSuffix()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
+	n, err := nstest.Add("napitap-dp-" + nstest.RandomSuffix())
+	if err != nil {
+		return nil, err
 	}
-	p := &podNetns{name: name, path: filepath.Join("/run/netns", name)}
-	err := p.do(func() error {
+	p := &podNetns{n}
+	err = p.do(func() error {
 		lo, err := netlinksafe.LinkByName("lo")
 		if err != nil {
 			return err
@@ -56,24 +51,21 @@ func newPodNetns() (*podNetns, error) {
 	})
 	if err != nil {
 		_ = p.close()
-		return nil, fmt.Errorf("netns %s: %w", name, err)
+		return nil, fmt.Errorf("netns %s: %w", n.Name, err)
 	}
 	return p, nil
 }
 
 // do runs fn on a thread inside the netns.
 func (p *podNetns) do(fn func() error) error {
-	return ns.WithNetNSPath(p.path, func(ns.NetNS) error { return fn() })
+	return p.Do(func(ns.NetNS) error { return fn() })
 }
 
 func (p *podNetns) close() error {
 	if p == nil {
 		return nil
 	}
-	if out, err := exec.Command("ip", "netns", "del", p.name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns del %s: %v: %s", p.name, err, bytes.TrimSpace(out))
-	}
-	return nil
+	return p.Delete()
 }
 
 // linkGone reports whether no link called name is left in the netns.
@@ -215,7 +207,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("netns %s: %w", p.name, err)
+		return nil, fmt.Errorf("netns %s: %w", p.Name, err)
 	}
 	defer func() {
 		if err != nil {
@@ -226,7 +218,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool)
 		}
 	}()
 	// Every queue is attached now and stays so until destroy closes them.
-	if err := tapsetup.ApplyNAPIKnobs(p.path, name, mode.knobs()); err != nil {
+	if err := tapsetup.ApplyNAPIKnobs(p.Path(), name, mode.knobs()); err != nil {
 		return t, fmt.Errorf("tap %q: NAPI knobs: %w", name, err)
 	}
 	for _, q := range t.queues {
@@ -275,7 +267,7 @@ func (p *podNetns) createTap(name string, mode Mode, queues int, addressed bool)
 		return nil
 	})
 	if err != nil {
-		return t, fmt.Errorf("tap %q in netns %s: %w", name, p.name, err)
+		return t, fmt.Errorf("tap %q in netns %s: %w", name, p.Name, err)
 	}
 	return t, nil
 }
@@ -286,14 +278,14 @@ func (t *podTap) destroy() error {
 	tapsetup.CloseQueues(t.queues)
 	t.queues, t.fds = nil, nil
 	if err := t.ns.do(func() error { return tapsetup.DeleteTap(t.name, "") }); err != nil {
-		return fmt.Errorf("netns %s: %w", t.ns.name, err)
+		return fmt.Errorf("netns %s: %w", t.ns.Name, err)
 	}
 	gone, err := t.ns.linkGone(t.name)
 	if err != nil {
 		return err
 	}
 	if !gone {
-		return fmt.Errorf("tap %q still exists in netns %s after delete", t.name, t.ns.name)
+		return fmt.Errorf("tap %q still exists in netns %s after delete", t.name, t.ns.Name)
 	}
 	return nil
 }
