@@ -183,40 +183,16 @@ func (b *bench) startFDStore(socket string) error {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
 		return err
 	}
-	logPath := filepath.Join(filepath.Dir(socket), "fdstore.log")
-	logf, err := os.Create(logPath)
+	c, err := startChild("napitap-fdstore", filepath.Join(filepath.Dir(socket), "fdstore.log"),
+		filepath.Join(b.binDir, "napitap-fdstore"), "--socket", socket)
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(filepath.Join(b.binDir, "napitap-fdstore"), "--socket", socket)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start napitap-fdstore on %s: %w", socket, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	b.onCleanup(func() error {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-			return nil
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			return fmt.Errorf("napitap-fdstore (pid %d) ignored SIGTERM for 5 s; killed", cmd.Process.Pid)
-		}
+	b.onCleanup(c.terminate)
+	return c.waitFor("socket "+socket, func() bool {
+		st, err := os.Stat(socket)
+		return err == nil && st.Mode()&os.ModeSocket != 0
 	})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if st, err := os.Stat(socket); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logPath)
-			return fmt.Errorf("napitap-fdstore: no socket %s after 10 s: %s", socket, bytes.TrimSpace(b))
-		}
-	}
 }
 
 // capacityRef: the reference plugin's multiqueue tap in every pod at once,

@@ -448,14 +448,90 @@ func trim(b []byte) string {
 	return s
 }
 
-// --- napitapd
+// --- napitapd and napitap-fdstore
+
+// child is a daemon of the run (napitapd, napitap-fdstore), its output in
+// a log file, in a process group of its own: a ^C for the bench must not
+// take it down before the bench has released what it holds.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+func startChild(name, log string, argv ...string) (*child, error) {
+	logf, err := os.Create(log)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	c := &child{name: name, cmd: exec.Command(argv[0], argv[1:]...), log: log, done: make(chan struct{})}
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { c.err = c.cmd.Wait(); close(c.done) }()
+	return c, nil
+}
+
+// waitFor polls ready for 10 s, failing early if the child exits.
+func (c *child) waitFor(what string, ready func() bool) error {
+	for deadline := time.Now().Add(10 * time.Second); !ready(); {
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited at start: %v: %s", c.name, c.err, c.logTail())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no %s after 10 s: %s", c.name, what, c.logTail())
+		}
+	}
+	return nil
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+func (c *child) alive() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// terminate sends SIGTERM to the child's PID, then SIGKILL after 5 s.
+func (c *child) terminate() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+		return nil
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		return fmt.Errorf("%s (pid %d) ignored SIGTERM for 5 s; killed", c.name, c.pid())
+	}
+}
+
+func (c *child) logText() string {
+	b, _ := os.ReadFile(c.log)
+	return string(b)
+}
+
+func (c *child) logTail() string {
+	s := c.logText()
+	if len(s) > 1000 {
+		s = s[len(s)-1000:]
+	}
+	return strings.TrimSpace(s)
+}
 
 type daemon struct {
-	cmd             *exec.Cmd
+	*child
 	socket, seccomp string
-	log             string
-	done            chan struct{}
-	err             error
 	// replaced: a takeover or a SIGKILL was meant to end it.
 	replaced bool
 }
@@ -473,13 +549,7 @@ func (b *bench) startDaemon(flags ...string) (*daemon, error) {
 		return nil, err
 	}
 	b.daemons++
-	d := &daemon{socket: filepath.Join(dir, "napitapd.sock"), seccomp: filepath.Join(dir, "seccomp.sock"),
-		log: filepath.Join(dir, fmt.Sprintf("napitapd-%d.log", b.daemons)), done: make(chan struct{})}
-	logf, err := os.Create(d.log)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
+	d := &daemon{socket: filepath.Join(dir, "napitapd.sock"), seccomp: filepath.Join(dir, "seccomp.sock")}
 	// A sweep lists every attachment's netns and tap; keep it out of the timings.
 	argv := append([]string{filepath.Join(b.binDir, "napitapd"), "--socket", d.socket, "--state-dir", filepath.Join(dir, "state"), "--sweep-interval", "24h",
 		"--seccomp-socket", d.seccomp}, flags...)
@@ -488,44 +558,19 @@ func (b *bench) startDaemon(flags ...string) (*daemon, error) {
 		// started from one at that value.
 		argv = append([]string{"nice", "-n", strconv.Itoa(b.opt.napitapdNice)}, argv...)
 	}
-	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	// Its own process group: a ^C for the bench must not take napitapd
-	// down before the bench has released what it holds; stop() ends it.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start napitapd: %w", err)
+	var err error
+	if d.child, err = startChild("napitapd", filepath.Join(dir, fmt.Sprintf("napitapd-%d.log", b.daemons)), argv...); err != nil {
+		return nil, err
 	}
-	go func() { d.err = d.cmd.Wait(); close(d.done) }()
 	b.onCleanup(d.stop)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if strings.Contains(d.logText(), "msg=serving") {
-			return d, nil
-		}
-		select {
-		case <-d.done:
-			return nil, fmt.Errorf("napitapd exited at start: %v: %s", d.err, d.logTail())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("napitapd: no socket %s after 10 s: %s", d.socket, d.logTail())
-		}
+	serving := func() bool { return strings.Contains(d.logText(), "msg=serving") }
+	if err := d.waitFor("socket "+d.socket, serving); err != nil {
+		return nil, err
 	}
+	return d, nil
 }
 
-func (d *daemon) pid() int { return d.cmd.Process.Pid }
-
-func (d *daemon) alive() bool {
-	select {
-	case <-d.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends SIGTERM to napitapd's PID, then SIGKILL after 5 s.
+// stop ends napitapd (terminate), unless a takeover or a SIGKILL did.
 func (d *daemon) stop() error {
 	if !d.alive() {
 		if d.replaced {
@@ -533,28 +578,7 @@ func (d *daemon) stop() error {
 		}
 		return fmt.Errorf("napitapd had exited: %v: %s", d.err, d.logTail())
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-		return nil
-	case <-time.After(5 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.done
-		return fmt.Errorf("napitapd (pid %d) ignored SIGTERM for 5 s; killed", d.pid())
-	}
-}
-
-func (d *daemon) logText() string {
-	b, _ := os.ReadFile(d.log)
-	return string(b)
-}
-
-func (d *daemon) logTail() string {
-	s := d.logText()
-	if len(s) > 1000 {
-		s = s[len(s)-1000:]
-	}
-	return strings.TrimSpace(s)
+	return d.terminate()
 }
 
 // stats reads napitapd's VmRSS, VmHWM and open fds from /proc.
