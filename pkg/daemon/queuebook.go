@@ -42,7 +42,7 @@ type queueBook struct {
 
 	mu      sync.Mutex
 	queues  map[queueID]handoff.QueueState
-	notes   map[int]note     // by process: a plain call whose tap is unknown yet
+	notes   map[int][]note   // by process: plain calls whose queue the scan has not found yet
 	seen    map[queueID]bool // unaccounted for at the last scan
 	scanned bool             // the first scan is done
 	// origins names each listener entry of the fd holder's by its origin,
@@ -60,8 +60,8 @@ type queueID struct {
 	fd  int
 }
 
-// note is a plain call of a process whose tap napitapd does not know yet;
-// the scan gives it to that process's next unaccounted queue.
+// note is a plain call of a process whose queue napitapd does not know
+// yet: the scan gives each to one of that process's unaccounted queues.
 type note struct {
 	reason, why string
 	at          time.Time
@@ -77,7 +77,7 @@ const maxWhy = 200
 
 func newQueueBook(log *slog.Logger, m *metrics.Metrics) *queueBook {
 	return &queueBook{log: log, metrics: m, start: time.Now(),
-		queues: map[queueID]handoff.QueueState{}, notes: map[int]note{}, seen: map[queueID]bool{},
+		queues: map[queueID]handoff.QueueState{}, notes: map[int][]note{}, seen: map[queueID]bool{},
 		origins: map[string]string{}, unread: unixsock.Every{Interval: 10 * time.Second}}
 }
 
@@ -91,7 +91,7 @@ func (b *queueBook) agentEvent(ev seccompagent.QueueEvent) {
 	case ev.Tap == "":
 		b.metrics.PlainQueue(metrics.PlainCallerUnreadable)
 		if pid > 0 {
-			b.notes[pid] = note{metrics.PlainCallerUnreadable, why, time.Now()}
+			b.notes[pid] = append(b.notes[pid], note{metrics.PlainCallerUnreadable, why, time.Now()})
 		}
 		if ok, held := b.unread.Allow(); ok {
 			b.log.Warn("plain queue: the agent could not read a TUNSETIFF's ifreq in time and left it to the kernel: that queue has no NAPI",
@@ -144,7 +144,7 @@ func (b *queueBook) letGo(r fdstore.LetGoReport) {
 		b.metrics.PlainQueue(metrics.PlainHolderWait)
 		pid := processOf(int(c.Tid))
 		if pid > 0 {
-			b.notes[pid] = note{metrics.PlainHolderWait, "no napitapd for the fd holder's bounded wait (--plain-queue-after)", c.At}
+			b.notes[pid] = append(b.notes[pid], note{metrics.PlainHolderWait, "no napitapd for the fd holder's bounded wait (--plain-queue-after)", c.At})
 		}
 		origin := b.origins[c.Entry]
 		if origin == "" {
@@ -212,7 +212,7 @@ func (b *queueBook) scan(atts []handoff.Attachment) {
 			continue
 		}
 		att := byTap[q.TapID]
-		switch n, noted := b.notes[q.PID]; {
+		switch notes := b.notes[q.PID]; {
 		case !att.Intercept:
 			// fds mode: the tap's queues are those napitap's ADD opened,
 			// with IFF_NAPI as the network says; a by-name open of it
@@ -222,8 +222,13 @@ func (b *queueBook) scan(atts []handoff.Attachment) {
 				st.NAPI, st.Why = handoff.QueuePlain, "fds mode: the network sets napi false"
 			}
 			b.queues[id] = st
-		case noted:
+		case len(notes) > 0:
 			// Counted and logged when napitapd was told.
+			n := notes[0]
+			if b.notes[q.PID] = notes[1:]; len(notes) == 1 {
+				delete(b.notes, q.PID)
+			}
+			delete(b.seen, id)
 			b.queues[id] = handoff.QueueState{PID: q.PID, FD: q.FD, NAPI: handoff.QueuePlain, Reason: n.reason, Why: n.why, Since: n.at}
 		case !b.scanned:
 			b.queues[id] = handoff.QueueState{PID: q.PID, FD: q.FD, NAPI: handoff.QueueUnknown,
@@ -253,8 +258,8 @@ func (b *queueBook) scan(atts []handoff.Attachment) {
 			delete(b.seen, id)
 		}
 	}
-	for pid, n := range b.notes {
-		if time.Since(n.at) > noteLife {
+	for pid, notes := range b.notes {
+		if time.Since(notes[len(notes)-1].at) > noteLife {
 			delete(b.notes, pid)
 		}
 	}

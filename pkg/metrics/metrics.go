@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
@@ -148,6 +149,16 @@ func (m *Metrics) PlainQueue(reason string) {
 	if m != nil {
 		m.plainQueues.WithLabelValues(reason).Inc()
 	}
+}
+
+// PlainQueues is what napitapd_plain_queues_total holds for reason: for
+// tests, which see what a scrape would.
+func (m *Metrics) PlainQueues(reason string) float64 {
+	var out dto.Metric
+	if m == nil || m.plainQueues.WithLabelValues(reason).Write(&out) != nil {
+		return 0
+	}
+	return out.GetCounter().GetValue()
 }
 
 // Request counts one hand-off request.
