@@ -23,6 +23,7 @@ var verbs = []struct{ name, usage string }{
 	{"launch", launchUsage},
 	{"list", listUsage},
 	{"queues", queuesUsage},
+	{"node", nodeUsage},
 	{"ready", readyUsage},
 	{"probe", probeUsage},
 	{"seccomp-profile", seccompProfileUsage},
@@ -68,6 +69,8 @@ func main() {
 		err = list(client, flag.Args()[1:])
 	case "queues":
 		err = queues(client, flag.Args()[1:])
+	case "node":
+		err = node(client, flag.Args()[1:])
 	case "probe":
 		err = probe(flag.Args()[1:])
 	case "ready":

@@ -32,7 +32,7 @@ import (
 type options struct {
 	socket, socketMode, socketGroup string
 	stateDir                        string
-	sweep                           time.Duration
+	sweep, queueScan                time.Duration
 	limits                          handoff.Limits
 	seccompSocket                   string
 	fdstoreSocket                   string
@@ -49,6 +49,7 @@ func main() {
 	flag.StringVar(&o.socketGroup, "socket-group", "", "group (name or gid) that owns the sockets; runtimes that are not root need it")
 	flag.StringVar(&o.stateDir, "state-dir", handoff.DefaultStateDir, "where each attachment's state file lives")
 	flag.DurationVar(&o.sweep, "sweep-interval", time.Minute, "how often to drop attachments whose netns or tap is gone")
+	flag.DurationVar(&o.queueScan, "queue-scan-interval", 30*time.Second, "how often to read the open queues of napitap's taps from the kernel, to count those a VMM opened without reaching the seccomp agent (napitapd_plain_queues_total{reason=\"not_intercepted\"}) and show each queue's NAPI in napitapctl node; 0: never")
 	flag.IntVar(&o.limits.MaxConns, "max-conns", handoff.DefaultMaxConns, "connections served at once to every tenant (any peer but root with napitapd's capabilities, which is never refused) together; more are closed at once")
 	flag.IntVar(&o.limits.MaxConnsPerUID, "max-conns-per-uid", handoff.DefaultMaxConnsPerUID, "connections one tenant uid, root's (a pod's) included, may hold at once")
 	flag.StringVar(&o.seccompSocket, "seccomp-socket", seccompagent.DefaultSocket, "unix socket for seccomp listeners from runc, crun and napitapctl launch (same mode and group as --socket); empty disables the agent")
@@ -115,7 +116,7 @@ func run(logger *slog.Logger, o options) error {
 		Socket: o.socket, SeccompSocket: o.seccompSocket, StateDir: o.stateDir,
 		SocketMode: os.FileMode(mode), SocketGID: gid, Sweep: o.sweep, Limits: o.limits,
 		FDStore: o.fdstoreSocket, WaitAfterTakeover: o.waitAfterTakeover, SuccessorWait: o.successorWait,
-		Metrics: m,
+		Metrics: m, QueueScan: o.queueScan,
 	}, stop)
 }
 

@@ -52,6 +52,7 @@ func (o object) String() string {
 
 // kinds are the types decodeStrict decodes, by "<apiVersion> <kind>".
 var kinds = map[string]func() any{
+	"monitoring.coreos.com/v1 PrometheusRule": func() any { return &PrometheusRule{} },
 	"v1 Namespace":                func() any { return &corev1.Namespace{} },
 	"v1 ServiceAccount":           func() any { return &corev1.ServiceAccount{} },
 	"v1 Pod":                      func() any { return &corev1.Pod{} },

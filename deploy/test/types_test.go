@@ -45,3 +45,22 @@ type confList struct {
 	LoadOnlyInlinedPlugins bool              `json:"loadOnlyInlinedPlugins,omitempty"`
 	Plugins                []json.RawMessage `json:"plugins"`
 }
+
+// PrometheusRule is monitoring.coreos.com/v1's (Prometheus Operator), as
+// deploy/monitoring's example alert uses it.
+type PrometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for,omitempty"`
+				Labels      map[string]string `json:"labels,omitempty"`
+				Annotations map[string]string `json:"annotations,omitempty"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}

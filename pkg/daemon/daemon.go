@@ -52,6 +52,10 @@ type Config struct {
 	SuccessorWait time.Duration
 	// Metrics records what napitapd does (pkg/metrics); nil: nothing.
 	Metrics *metrics.Metrics
+	// QueueScan: how often to read the queues of napitap's taps from the
+	// kernel, to find those opened without reaching the agent (queueBook);
+	// zero: never.
+	QueueScan time.Duration
 }
 
 // Run serves o until stop (SIGTERM) or, after a takeover, until the new
@@ -254,6 +258,7 @@ type daemon struct {
 
 	store      *holderStore // nil without Config.FDStore
 	storeStart sync.Once
+	book       *queueBook
 
 	ss *seccompagent.Server // the seccomp socket's; nil without an agent
 	// stopping is done once stop begins: a takeover still in progress at
@@ -270,8 +275,10 @@ const StopGrace = 2 * time.Second
 func newDaemon(o Config, logger *slog.Logger) *daemon {
 	d := &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
 	d.stopping, d.abortTakeover = context.WithCancel(context.Background())
+	d.book = newQueueBook(logger, o.Metrics)
 	if o.FDStore != "" {
-		d.store = &holderStore{m: fdstore.NewMirror(o.FDStore, logger.With("fdstore", o.FDStore))}
+		d.store = &holderStore{m: fdstore.NewMirror(o.FDStore, logger.With("fdstore", o.FDStore)), book: d.book}
+		d.store.m.OnLetGo = d.book.letGo
 	}
 	return d
 }
@@ -337,6 +344,7 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 	if d.o.Metrics != nil {
 		d.srv.Observe = d.o.Metrics.Request
 	}
+	d.srv.QueueStates = d.book.states
 	var agentStore seccompagent.Store
 	if d.store != nil {
 		d.srv.Store, agentStore = d.store, d.store
@@ -366,7 +374,7 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 		}); err != nil {
 			return err
 		}
-		opts := seccompagent.Options{Store: agentStore}
+		opts := seccompagent.Options{Store: agentStore, OnQueue: d.book.agentEvent}
 		if d.o.Metrics != nil {
 			opts.Observe = d.o.Metrics.TUNSETIFF
 		}
@@ -515,6 +523,21 @@ func (d *daemon) serve() {
 			}
 		}
 	}(d.srv, d.sweepStop, d.sweepDone)
+	if d.o.QueueScan > 0 {
+		go func(srv *handoff.Server, stop chan struct{}) {
+			// At once: what is open at the start is what this napitapd
+			// cannot vouch for (queueBook).
+			for t := time.NewTimer(0); ; t.Reset(d.o.QueueScan) {
+				select {
+				case <-stop:
+					t.Stop()
+					return
+				case <-t.C:
+					d.book.scan(srv.AttachmentList())
+				}
+			}
+		}(d.srv, d.sweepStop)
+	}
 }
 
 // Detach stops serving, closing nothing, and returns every open file

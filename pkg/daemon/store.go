@@ -24,7 +24,8 @@ import (
 // (prepare). The lock never goes there: a copy of the locked file would
 // hold the lock for ever.
 type holderStore struct {
-	m *fdstore.Mirror
+	m    *fdstore.Mirror
+	book *queueBook // told each listener's origin, for the holder's let-go calls
 }
 
 // Entry names: one kind per prefix, so that nothing of one kind can take
@@ -57,10 +58,14 @@ func (s *holderStore) Keep(l seccompagent.Listener) {
 	if l.Slot != nil {
 		files = append(files, l.Slot)
 	}
+	s.book.keepOrigin(entryListener+l.ID, l.Origin)
 	s.put(entryListener+l.ID, takeover.Item{Kind: takeover.KindListener, UID: l.UID, PodRoot: l.PodRoot, Origin: l.Origin, ID: l.ID, OwnTaps: l.OwnTaps}, files...)
 }
 
-func (s *holderStore) Forget(id string) { s.m.Drop(entryListener + id) }
+func (s *holderStore) Forget(id string) {
+	s.book.forgetOrigin(entryListener + id)
+	s.m.Drop(entryListener + id)
+}
 
 // KeepQueues and ForgetQueues are the hand-off server's
 // (handoff.QueueStore).

@@ -52,7 +52,7 @@ func Dial(path string) (*Client, error) {
 func (c *Client) Put(e Entry) error {
 	err := checkEntry(e.Name, e.Meta, len(e.Files))
 	if err == nil {
-		err = c.do(&message{Op: opPut, Name: e.Name, Meta: e.Meta}, e.Files, nil)
+		err = c.do(&message{Op: opPut, Name: e.Name, Meta: e.Meta}, e.Files, nil, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("fdstore %s: put %q: %w", c.path, e.Name, err)
@@ -70,7 +70,7 @@ func (c *Client) Drop(names ...string) error {
 			size += len(names[n])*6 + 3
 			n++
 		}
-		if err := c.do(&message{Op: opDrop, Names: names[:n]}, nil, nil); err != nil {
+		if err := c.do(&message{Op: opDrop, Names: names[:n]}, nil, nil, nil); err != nil {
 			return fmt.Errorf("fdstore %s: drop %d entries: %w", c.path, n, err)
 		}
 		names = names[n:]
@@ -81,15 +81,36 @@ func (c *Client) Drop(names ...string) error {
 // List returns every entry the holder has, with copies of its files if
 // withFiles (close-on-exec, the caller's to close).
 func (c *Client) List(withFiles bool) ([]Entry, error) {
+	out, _, err := c.list(&message{Op: opList, Files: withFiles})
+	return out, err
+}
+
+// ListTakingLetGo is List without files that also takes the calls the
+// holder let go on since the last time (Holder.NoteLetGo), and how many
+// more it dropped.
+func (c *Client) ListTakingLetGo() ([]Entry, LetGoReport, error) {
+	return c.list(&message{Op: opList, TakeLetGo: true})
+}
+
+// LetGoReport is what a holder let go on while no napitapd was there.
+type LetGoReport struct {
+	Calls   []LetGo
+	Dropped int // calls beyond MaxLetGo, not named
+}
+
+func (c *Client) list(req *message) ([]Entry, LetGoReport, error) {
 	var out []Entry
-	err := c.do(&message{Op: opList, Files: withFiles}, nil, func(e Entry) { out = append(out, e) })
+	var report LetGoReport
+	err := c.do(req, nil, func(e Entry) { out = append(out, e) }, func(m *message) {
+		report = LetGoReport{Calls: m.LetGo, Dropped: m.LetGoDropped}
+	})
 	if err != nil {
 		for _, e := range out {
 			closeFiles(e.Files)
 		}
-		return nil, fmt.Errorf("fdstore %s: list: %w", c.path, err)
+		return nil, LetGoReport{}, fmt.Errorf("fdstore %s: list: %w", c.path, err)
 	}
-	return out, nil
+	return out, report, nil
 }
 
 // Close hangs up. A request in flight fails.
@@ -100,13 +121,13 @@ func (c *Client) Close() error {
 
 // do sends req with files and reads the answers: ok, error, or (to list)
 // entries and done, each entry passed to onEntry.
-func (c *Client) do(req *message, files []*os.File, onEntry func(Entry)) error {
+func (c *Client) do(req *message, files []*os.File, onEntry func(Entry), onDone func(*message)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
 		return c.err
 	}
-	err := c.exchange(req, files, onEntry)
+	err := c.exchange(req, files, onEntry, onDone)
 	if err != nil && !errors.As(err, new(refusal)) && !errors.Is(err, errUnsent) {
 		c.err = fmt.Errorf("connection lost: %w", err)
 		c.shutdown()
@@ -114,7 +135,7 @@ func (c *Client) do(req *message, files []*os.File, onEntry func(Entry)) error {
 	return err
 }
 
-func (c *Client) exchange(req *message, files []*os.File, onEntry func(Entry)) error {
+func (c *Client) exchange(req *message, files []*os.File, onEntry func(Entry), onDone func(*message)) error {
 	_ = c.conn.SetDeadline(time.Now().Add(timeout))
 	if err := send(c.conn, req, files); err != nil {
 		return hungUp(err)
@@ -143,6 +164,9 @@ func (c *Client) exchange(req *message, files []*os.File, onEntry func(Entry)) e
 		case m.Op == opDone && req.Op == opList && len(got) == 0:
 			if m.Count != count {
 				return fmt.Errorf("done after %d entries, the holder counts %d", count, m.Count)
+			}
+			if onDone != nil {
+				onDone(m)
 			}
 			return nil
 		default:

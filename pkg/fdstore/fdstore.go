@@ -23,8 +23,17 @@
 //	put   {name, meta} + fds   ok, or error {error}: the entry name now
 //	                           holds these fds (the old ones are closed)
 //	drop  {names}              ok: those entries are closed and gone
-//	list  {files}              entry {name, meta} (+ its fds if files)
-//	                           per entry, then done {count}
+//	list  {files, takeLetGo}   entry {name, meta} (+ its fds if files)
+//	                           per entry, then done {count}; with
+//	                           takeLetGo, done also carries {letGo,
+//	                           letGoDropped}, the calls the holder let go
+//	                           on since the last such list, now forgotten
+//
+// letGo is the one thing the holder tells of its own: the TUNSETIFFs it
+// let go on in the kernel while no napitapd was there (pkg/plainqueue),
+// each an entry name and the caller's thread, so that the next napitapd
+// counts and names them (napitapd_plain_queues_total). A holder that
+// predates it ignores takeLetGo, as JSON decoding does an unknown field.
 //
 // A request of another version, or one the holder refuses (a bad name, too
 // much meta, no fds, more fds in all than Holder.MaxFiles), gets error and
@@ -97,7 +106,24 @@ type message struct {
 	Files   bool            `json:"files,omitempty"`
 	Count   int             `json:"count,omitempty"`
 	Error   string          `json:"error,omitempty"`
+
+	TakeLetGo    bool    `json:"takeLetGo,omitempty"`
+	LetGo        []LetGo `json:"letGo,omitempty"`
+	LetGoDropped int     `json:"letGoDropped,omitempty"`
 }
+
+// LetGo is one TUNSETIFF the holder let go on in the kernel, without
+// NAPI, while no napitapd was there (Holder.NoteLetGo).
+type LetGo struct {
+	Entry string    `json:"entry"` // the listener's entry
+	Tid   uint32    `json:"tid"`   // the caller's thread
+	At    time.Time `json:"at"`
+}
+
+// MaxLetGo bounds the let-go calls a holder remembers: with entry names of
+// MaxName bytes they still fit in one done message. Older ones are dropped
+// and counted (letGoDropped).
+const MaxLetGo = 128
 
 // errUnsent: send failed before it wrote anything.
 var errUnsent = errors.New("not sent")

@@ -53,6 +53,12 @@ type Holder struct {
 	// the last of them left (or the holder started).
 	serving int
 	alone   time.Time
+	// letGo are the calls plainqueue let go on since napitapd last took
+	// them; letGoDropped those that did not fit (MaxLetGo). Under a lock
+	// of their own: they are noted from within WhileAlone.
+	letGoMu      sync.Mutex
+	letGo        []LetGo
+	letGoDropped int
 }
 
 type held struct {
@@ -99,6 +105,21 @@ func (h *Holder) WhileAlone(d time.Duration, fn func(name string, files []*os.Fi
 		fn(name, h.entries[name].files)
 	}
 	return true
+}
+
+// NoteLetGo remembers that the TUNSETIFF of thread tid, waiting on the
+// listener of entry, went on in the kernel without NAPI, for the next
+// napitapd to count: the holder's own log line is all an operator would
+// otherwise see. Only the last MaxLetGo are kept; older ones are counted.
+// It may be called from WhileAlone's fn.
+func (h *Holder) NoteLetGo(entry string, tid uint32) {
+	h.letGoMu.Lock()
+	defer h.letGoMu.Unlock()
+	if len(h.letGo) == MaxLetGo {
+		h.letGo = slices.Delete(h.letGo, 0, 1)
+		h.letGoDropped++
+	}
+	h.letGo = append(h.letGo, LetGo{Entry: entry, Tid: tid, At: time.Now()})
 }
 
 // Close closes every connection and every fd held. The holder keeps
@@ -198,7 +219,7 @@ func (h *Holder) handle(c *net.UnixConn, m *message, files []*os.File) error {
 		h.drop(m.Names)
 		return h.answer(c, &message{Op: opOK}, nil)
 	case m.Op == opList:
-		return h.list(c, m.Files)
+		return h.list(c, m.Files, m.TakeLetGo)
 	default:
 		_ = refuse("unknown op %q", m.Op)
 		return fmt.Errorf("%w: unknown op %q", errMalformed, m.Op)
@@ -244,7 +265,7 @@ func (h *Holder) drop(names []string) {
 // list sends an entry message per entry, then done. With files, each goes
 // with copies of its fds made under the lock: a put or drop that closes
 // the held ones meanwhile cannot make it send an fd number reused since.
-func (h *Holder) list(c *net.UnixConn, withFiles bool) error {
+func (h *Holder) list(c *net.UnixConn, withFiles, takeLetGo bool) error {
 	h.mu.Lock()
 	names := slices.Sorted(maps.Keys(h.entries))
 	h.mu.Unlock()
@@ -272,7 +293,16 @@ func (h *Holder) list(c *net.UnixConn, withFiles bool) error {
 		}
 		count++
 	}
-	return h.answer(c, &message{Op: opDone, Count: count}, nil)
+	done := &message{Op: opDone, Count: count}
+	if takeLetGo {
+		// Taken once sent into the socket: a napitapd that dies before
+		// reading them loses a count, which is all they are.
+		h.letGoMu.Lock()
+		done.LetGo, done.LetGoDropped = h.letGo, h.letGoDropped
+		h.letGo, h.letGoDropped = nil, 0
+		h.letGoMu.Unlock()
+	}
+	return h.answer(c, done, nil)
 }
 
 func (h *Holder) answer(c *net.UnixConn, m *message, files []*os.File) error {

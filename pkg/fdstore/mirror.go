@@ -21,6 +21,10 @@ import (
 // the next connection; one that refuses an entry (its MaxFiles) is logged,
 // and asked again on the next connection.
 type Mirror struct {
+	// OnLetGo, if set before Start, is given what the holder let go on
+	// while no napitapd was connected, at each connection's sync.
+	OnLetGo func(LetGoReport)
+
 	path string
 	log  *slog.Logger
 
@@ -241,10 +245,14 @@ func (m *Mirror) sync(c *Client) bool {
 	if m.closed {
 		return false
 	}
-	held, err := c.List(false)
+	held, letGo, err := c.ListTakingLetGo()
 	if err != nil {
 		m.log.Warn("fdstore: sync", "err", err)
 		return false
+	}
+	if m.OnLetGo != nil && (len(letGo.Calls) > 0 || letGo.Dropped > 0) {
+		// Off the lock: napitapd counts and logs them.
+		defer m.OnLetGo(letGo)
 	}
 	var stale []string
 	for _, e := range held {

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
@@ -112,7 +113,33 @@ type Attachment struct {
 	// inode, which the kernel reuses.
 	NetnsID uint64 `json:"netnsID,omitempty"`
 	Held    int    `json:"held"` // queue fds napitapd holds right now
+	// QueueStates is what napitapd knows of each open queue of the tap,
+	// as of its last scan, in list's answer to napitapd's equals alone.
+	QueueStates []QueueState `json:"queueStates,omitempty"`
 }
+
+// QueueState is napitapd's record of one open queue of an attachment's
+// tap: whether napitapd attached it with IFF_NAPI, knows it plain, or
+// cannot tell. The kernel shows no queue's own NAPI (docs/DESIGN.md fact
+// 2): this is what napitapd did or was told, not what the kernel says.
+type QueueState struct {
+	PID int `json:"pid"` // the process holding it
+	FD  int `json:"fd"`
+	// NAPI is one of QueueNAPI, QueuePlain, QueueUnknown.
+	NAPI string `json:"napi"`
+	// Reason is napitapd_plain_queues_total's, for a plain queue counted
+	// there; Why says more.
+	Reason string    `json:"reason,omitempty"`
+	Why    string    `json:"why,omitempty"`
+	Since  time.Time `json:"since"` // when napitapd learnt it
+}
+
+// QueueState.NAPI's values.
+const (
+	QueueNAPI    = "napi"    // napitapd attached it with IFF_NAPI, or opened it so (fds)
+	QueuePlain   = "plain"   // attached without IFF_NAPI, napitapd knows why
+	QueueUnknown = "unknown" // there before this napitapd started, or not yet scanned
+)
 
 // tapNetnsID is the id of the netns the tap is in.
 func (a *Attachment) tapNetnsID() uint64 {

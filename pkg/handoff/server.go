@@ -57,7 +57,11 @@ type Server struct {
 	// ("ok" or the error code), and each connection refused before any
 	// request (op "connect"): napitapd's metrics.
 	Observe func(op, result string)
-	conns   connTable
+	// QueueStates, if set before Serve, gives what napitapd knows of each
+	// open queue of an attachment's tap, for list's answer to a caller
+	// that sees every attachment (napitapctl node).
+	QueueStates func(att Attachment) []QueueState
+	conns       connTable
 }
 
 // QueueStore keeps copies of the queues a Server holds outside napitapd's
@@ -319,9 +323,28 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer.Process) (resp *R
 		if req.Offset < 0 || req.Offset > len(all) {
 			return &Response{Error: errorf(CodeBadRequest, "list offset %d out of range 0-%d", req.Offset, len(all))}, nil, nil
 		}
-		end := min(req.Offset+ListPage, len(all))
+		end := listPageEnd(all, req.Offset)
 		return &Response{Attachments: all[req.Offset:end], More: end < len(all)}, nil, nil
 	}
+}
+
+// listPageEnd ends the page that starts at offset: ListPage attachments,
+// fewer where their queue states would make the answer too big for
+// MaxHeader, never none.
+func listPageEnd(all []Attachment, offset int) int {
+	size := 0
+	for i := offset; i < len(all) && i < offset+ListPage; i++ {
+		if len(all[i].QueueStates) > 0 {
+			b, _ := json.Marshal(all[i])
+			size += len(b)
+		} else {
+			size += 1 << 10 // an attachment alone is well under it
+		}
+		if size > MaxHeader*3/4 && i > offset {
+			return i
+		}
+	}
+	return min(offset+ListPage, len(all))
 }
 
 func (s *Server) register(att *Attachment, files []*os.File) *Error {
@@ -675,6 +698,13 @@ func (s *Server) list(cred *peer.Process) []Attachment {
 		}
 	}
 	slices.SortFunc(out, func(a, b Attachment) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	if root && s.QueueStates != nil {
+		// Out of the lock: another pod's VMM pids are for napitapd's
+		// equals only.
+		for i := range out {
+			out[i].QueueStates = s.QueueStates(out[i])
+		}
+	}
 	return out
 }
 
@@ -866,6 +896,18 @@ func (s *Server) Close() {
 		e.files = nil
 		e.doneSending()
 	}
+}
+
+// AttachmentList is every attachment napitapd records, unordered: what
+// napitapd's queue scan looks at.
+func (s *Server) AttachmentList() []Attachment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Attachment, 0, len(s.held))
+	for _, e := range s.held {
+		out = append(out, e.att)
+	}
+	return out
 }
 
 // Attachments counts the attachments napitapd records.

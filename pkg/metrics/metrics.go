@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
@@ -32,7 +33,30 @@ type Metrics struct {
 	takeovers       prometheus.Counter
 	takeoverSeconds prometheus.Histogram
 	recoveries      prometheus.Counter
+	plainQueues     *prometheus.CounterVec
 }
+
+// Why a VM's queue of a napitap tap ended without NAPI
+// (napitapd_plain_queues_total's reason label; deploy/README.md).
+const (
+	// PlainHolderWait: no napitapd for the fd holder's bounded wait, so
+	// the holder let the VMM's TUNSETIFF go on in the kernel (fact 22).
+	PlainHolderWait = "holder_bounded_wait"
+	// PlainLeftToKernel: the agent left a napitap tap's TUNSETIFF to the
+	// kernel, unable to act for the caller (its credentials, its netns'
+	// owners).
+	PlainLeftToKernel = "left_to_kernel"
+	// PlainCallerUnreadable: the agent gave up reading the caller's ifreq
+	// (a stalled page) and let the kernel answer; which tap is unknown.
+	PlainCallerUnreadable = "caller_unreadable"
+	// PlainNotIntercepted: a queue of an intercept-mode tap that napitapd
+	// did not attach and was not told of: its opener was not under
+	// napitap's filter (found by napitapd's queue scan).
+	PlainNotIntercepted = "not_intercepted"
+)
+
+// PlainReasons are every reason, each counted from 0.
+var PlainReasons = []string{PlainHolderWait, PlainLeftToKernel, PlainCallerUnreadable, PlainNotIntercepted}
 
 // Sources are what the gauges read when scraped.
 type Sources struct {
@@ -65,6 +89,10 @@ func New() *Metrics {
 			Name: "napitapd_recoveries_total",
 			Help: "Starts that took back what a dead napitapd left in the fd holder (0 or 1).",
 		}),
+		plainQueues: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napitapd_plain_queues_total",
+			Help: "Queues of napitap taps that a VMM attached without NAPI, by reason: holder_bounded_wait, left_to_kernel, caller_unreadable, not_intercepted.",
+		}, []string{"reason"}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "napitapd_build_info",
@@ -72,10 +100,13 @@ func New() *Metrics {
 		ConstLabels: prometheus.Labels{"version": buildinfo.Version()},
 	})
 	info.Set(1)
-	m.reg.MustRegister(m.tunsetiff, m.requests, m.takeovers, m.takeoverSeconds, m.recoveries, info,
+	m.reg.MustRegister(m.tunsetiff, m.requests, m.takeovers, m.takeoverSeconds, m.recoveries, m.plainQueues, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{seccompagent.OutcomeNAPI, seccompagent.OutcomePassed, seccompagent.OutcomeRefused, seccompagent.OutcomeError} {
 		m.tunsetiff.WithLabelValues(o) // present at 0 from the start
+	}
+	for _, r := range PlainReasons {
+		m.plainQueues.WithLabelValues(r) // an alert's rate() needs the 0
 	}
 	return m
 }
@@ -110,6 +141,24 @@ func (m *Metrics) TUNSETIFF(outcome string) {
 	if m != nil {
 		m.tunsetiff.WithLabelValues(outcome).Inc()
 	}
+}
+
+// PlainQueue counts one queue that ended without NAPI, for reason (one of
+// PlainReasons).
+func (m *Metrics) PlainQueue(reason string) {
+	if m != nil {
+		m.plainQueues.WithLabelValues(reason).Inc()
+	}
+}
+
+// PlainQueues is what napitapd_plain_queues_total holds for reason: for
+// tests, which see what a scrape would.
+func (m *Metrics) PlainQueues(reason string) float64 {
+	var out dto.Metric
+	if m == nil || m.plainQueues.WithLabelValues(reason).Write(&out) != nil {
+		return 0
+	}
+	return out.GetCounter().GetValue()
 }
 
 // Request counts one hand-off request.

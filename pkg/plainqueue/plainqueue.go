@@ -42,17 +42,24 @@ func Run(ctx context.Context, h *fdstore.Holder, after time.Duration, log *slog.
 			return
 		case <-t.C:
 		}
-		if !h.WhileAlone(after, func(name string, files []*os.File) { letGo(name, files, after, left, log) }) {
+		if !h.WhileAlone(after, func(name string, files []*os.File) {
+			// Noted before any napitapd is served again, so that the
+			// first one's sync counts them and names the pod.
+			for _, tid := range letGo(name, files, after, left, log) {
+				h.NoteLetGo(name, tid)
+			}
+		}) {
 			clear(left)
 		}
 	}
 }
 
-// letGo lets the calls waiting on an entry's listener go on; an entry that
-// is no seccomp listener (a queue, a socket) is left alone.
-func letGo(name string, files []*os.File, after time.Duration, left map[string]uint32, log *slog.Logger) {
+// letGo lets the calls waiting on an entry's listener go on, and returns
+// their threads; an entry that is no seccomp listener (a queue, a socket)
+// is left alone.
+func letGo(name string, files []*os.File, after time.Duration, left map[string]uint32, log *slog.Logger) []uint32 {
 	if len(files) == 0 || !isListener(files[0]) {
-		return
+		return nil
 	}
 	var slot *os.File
 	if len(files) > 1 {
@@ -71,6 +78,7 @@ func letGo(name string, files []*os.File, after time.Duration, left map[string]u
 	if err != nil {
 		log.Error("plainqueue: seccomp listener", "entry", name, "err", err)
 	}
+	return done.Tids
 }
 
 // isListener reports whether f is a seccomp listener, asked without Fd,

@@ -22,7 +22,8 @@ import (
 // TUNSETIFF under the filter waits while napitapd is connected to the
 // holder (napitapd answers it, in life), and once none has been for the
 // bound, the holder lets it go on: the VMM gets a queue, without NAPI.
-// The other entries the holder keeps are left alone.
+// The other entries the holder keeps are left alone, and the next napitapd
+// to sync is told of the call once (napitapd_plain_queues_total).
 func TestAHolderWithoutNapitapdLetsAWaitingCallGoOnAfterItsBound(t *testing.T) {
 	nstest.RequireRoot(t)
 	pod := nstest.New(t, "plainqueue")
@@ -89,6 +90,25 @@ func TestAHolderWithoutNapitapdLetsAWaitingCallGoOnAfterItsBound(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Errorf("the holder did not say so:\n%s", logs.String())
 			break
+		}
+	}
+	next, err := fdstore.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	for _, want := range []int{1, 0} {
+		_, report, err := next.ListTakingLetGo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(report.Calls) != want || report.Dropped != 0 {
+			t.Errorf("the next napitapd's sync is told of %+v; want %d call(s), each told once", report, want)
+		}
+		for _, c := range report.Calls {
+			if c.Entry != "listener/a" || c.Tid == 0 {
+				t.Errorf("let-go call %+v: want entry listener/a and the caller's thread", c)
+			}
 		}
 	}
 	// The pipe's write end is still held: read would block, not EOF.

@@ -62,6 +62,28 @@ type Options struct {
 	// Observe, if set, is told how each TUNSETIFF was answered, one of
 	// the Outcome* strings (napitapd's metrics).
 	Observe func(outcome string)
+	// OnQueue, if set, is told of each queue of a napitap tap the agent
+	// attached with NAPI or left to the kernel without, once the answer is
+	// out: napitapd's record of which queues have NAPI (napitapctl node)
+	// and its count of plain ones (napitapd_plain_queues_total).
+	OnQueue func(QueueEvent)
+}
+
+// QueueEvent is one TUNSETIFF the agent answered for a napitap tap
+// (Options.OnQueue).
+type QueueEvent struct {
+	Tid        int    // the caller's thread
+	FD         int32  // the caller's fd number
+	NetnsID    uint64 // the tap's netns (tapsetup.NetnsID); 0 with Tap ""
+	Tap        string // "" when the agent could not read which tap
+	Attachment string // napitapd's key of the tap's attachment
+	Listener   string // the listener's origin: the pod or launched command
+	// NAPI: the agent attached the queue with IFF_NAPI. Otherwise the
+	// kernel ran the caller's own TUNSETIFF, without it, for Why.
+	NAPI bool
+	Why  string
+	// NAPIOff: the network sets napi false; plain by choice.
+	NAPIOff bool
 }
 
 // How a TUNSETIFF was answered (Options.Observe).
@@ -91,6 +113,7 @@ type Agent struct {
 	attachLevel slog.Level
 	store       Store
 	observe     func(outcome string)
+	onQueue     func(QueueEvent)
 
 	mu        sync.Mutex
 	listeners map[*os.File]string
@@ -124,7 +147,7 @@ func New(reg Registry, logger *slog.Logger, opts Options) (*Agent, error) {
 	}
 	opts.MaxListenersPerUID = max(1, min(opts.MaxListenersPerUID, opts.MaxListeners/2))
 	return &Agent{
-		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store, observe: opts.Observe,
+		reg: reg, log: logger, attachLevel: opts.AttachLevel, store: opts.Store, observe: opts.Observe, onQueue: opts.OnQueue,
 		quota:     unixsock.UIDQuota{Max: opts.MaxListeners, MaxPerUID: opts.MaxListenersPerUID},
 		givenUp:   unixsock.Every{Interval: 10 * time.Second},
 		listeners: map[*os.File]string{}, quit: make(chan struct{}),
@@ -294,7 +317,7 @@ func (a *Agent) serve(l Listener, s *slot) {
 			if confirmed != "" {
 				log.Info(confirmed, "pid", n.Pid)
 			}
-			if a.answer(fd, n, s, sock, recent, own, hook, log) {
+			if a.answer(fd, n, s, sock, recent, own, hook, l.Origin, log) {
 				attachedAt = time.Now()
 			}
 		}
@@ -390,7 +413,7 @@ func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 }
 
 // answer answers n, which s records.
-func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), log *slog.Logger) (attached bool) {
+func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), origin string, log *slog.Logger) (attached bool) {
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.
@@ -441,6 +464,11 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
 		a.observed(OutcomeError)
 		return v.queue != nil
+	}
+	if v.event != nil && a.onQueue != nil {
+		ev := *v.event
+		ev.Tid, ev.FD, ev.Listener = int(n.Pid), int32(n.Data.Args[0]), origin
+		a.onQueue(ev)
 	}
 	switch {
 	case v.cont:

@@ -31,6 +31,10 @@ type verdict struct {
 	// announce logs what was done, once the answer is out: the caller
 	// waits on the answer, not on napitapd's log.
 	announce func()
+	// event is what Options.OnQueue is told once the answer is out (the
+	// caller's tid, fd and listener filled in there); nil: a tap that is
+	// not napitap's, or a refusal.
+	event *QueueEvent
 }
 
 var (
@@ -73,6 +77,11 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 			a.log.Warn("cannot read the caller's ifreq in time: left to the kernel (no NAPI)", "pid", tid, "err", err, "heldBackSinceLastLine", held)
 		}
 	}
+	if errors.Is(err, errReadGivenUp) {
+		// Under napitap's filter, so most likely a napitap tap's queue,
+		// now plain; which tap, nobody can tell.
+		return verdict{cont: true, event: &QueueEvent{Why: "the caller's ifreq could not be read in time"}}
+	}
 	if err != nil || !interesting(ifr) {
 		return continueVerdict
 	}
@@ -113,9 +122,18 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		return continueVerdict
 	}
 	t, managed := a.reg.Lookup(netnsID, ifr.name)
+	// plain leaves a napitap tap's TUNSETIFF to the kernel, which attaches
+	// the queue without NAPI, and says so to OnQueue; a launched tree's
+	// own tap is no attachment's, and goes untold.
+	plain := func(why string) verdict {
+		if !managed {
+			return continueVerdict
+		}
+		return verdict{cont: true, event: &QueueEvent{NetnsID: netnsID, Tap: ifr.name, Attachment: t.Key, Why: why, NAPIOff: !t.NAPI}}
+	}
 	if managed && !t.NAPI {
 		a.log.Info("TUNSETIFF of a tap whose network sets napi false: left to the kernel, no NAPI", "tap", ifr.name, "attachment", t.Key, "pid", tid)
-		return continueVerdict
+		return plain("the network sets napi false")
 	}
 	if !managed && own == nil {
 		a.log.Debug("TUNSETIFF of a tap that is no intercept-mode attachment: left to the kernel", "tap", ifr.name, "pid", tid, "netns", netnsID)
@@ -157,11 +175,11 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	owners, err := sock.netnsOwners(nsfd, netnsID)
 	if err != nil {
 		log.Warn("cannot read the user namespaces that own the tap's netns; left to the kernel (no NAPI)", "err", err)
-		return continueVerdict
+		return plain("cannot read the user namespaces that own the tap's netns: " + err.Error())
 	}
 	c, err := peer.Thread(tid, pidfd, owners)
 	if err != nil {
-		return continueVerdict
+		return plain("cannot read the caller's credentials: " + err.Error())
 	}
 	if !notifIDValid(listener, n.ID) {
 		return goneVerdict
@@ -183,7 +201,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	}
 	req, err := unix.NewIfreq(ifr.name)
 	if err != nil {
-		return continueVerdict
+		return plain(err.Error())
 	}
 	req.SetUint16(flags)
 	queue := &attachedQueue{fd: int32(n.Data.Args[0]), tap: ifr.name, netnsID: netnsID}
@@ -220,7 +238,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		// napitapd lacks CAP_SETUID or CAP_SETGID: it cannot act as the
 		// caller, so it does not act at all.
 		log.Error("cannot take on the caller's credentials; left to the kernel (no NAPI)", "err", err)
-		return continueVerdict
+		return plain("cannot take on the caller's credentials: " + err.Error())
 	}
 	if err != nil {
 		var errno unix.Errno
@@ -243,7 +261,11 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 		// TUNSETIFF would have.
 		log.Warn("the caller's TUNSETIFF made a new tap, not napitap's: the name was replaced meanwhile", "net_admin", c.NetAdmin)
 	}
-	return verdict{queue: queue, announce: func() {
+	var event *QueueEvent
+	if managed {
+		event = &QueueEvent{NetnsID: netnsID, Tap: ifr.name, Attachment: t.Key, NAPI: true}
+	}
+	return verdict{queue: queue, event: event, announce: func() {
 		if creates {
 			log.Info("the caller created a tap, with NAPI on its queue", "flags", fmt.Sprintf("0x%x", flags))
 		}
