@@ -63,10 +63,9 @@ func FindAll(taps map[TapID]bool) ([]Found, error) {
 // allInProcess is pid's queues of the taps, and how many it could not read.
 // names are the taps' names, which fdinfo gives without a copy of the fd.
 func allInProcess(pid int, names map[string]bool, taps map[TapID]bool) ([]Found, int) {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	fds, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, 0
+	files, ok := tunFilesOf(pid)
+	if !ok {
+		return nil, 1
 	}
 	var qs []Found
 	denied := 0
@@ -76,30 +75,23 @@ func allInProcess(pid int, names map[string]bool, taps map[TapID]bool) ([]Found,
 			unix.Close(pidfd)
 		}
 	}()
-	for _, e := range fds {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if target, err := os.Readlink(dir + "/" + e.Name()); err != nil || target != "/dev/net/tun" {
-			continue
-		}
-		name := attachedTo(pid, fd)
-		if !names[name] {
+	for _, f := range files {
+		if !names[f.tap] {
 			continue
 		}
 		if pidfd < 0 {
+			var err error
 			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
 				return qs, denied
 			}
 		}
-		id, q, err := readAny(pidfd, fd)
+		id, q, err := readAny(pidfd, f.fd)
 		switch {
 		case errors.Is(err, unix.EPERM):
 			denied++
-		case err == nil && taps[TapID{id, name}]:
+		case err == nil && taps[TapID{id, f.tap}]:
 			q.PID, q.Command = pid, command(pid)
-			qs = append(qs, Found{TapID{id, name}, *q})
+			qs = append(qs, Found{TapID{id, f.tap}, *q})
 		}
 	}
 	return qs, denied

@@ -14,7 +14,6 @@
 package tapqueues
 
 import (
-	"bufio"
 	"cmp"
 	"errors"
 	"fmt"
@@ -74,38 +73,32 @@ func Find(netnsID uint64, tap string) ([]Queue, error) {
 	return found, nil
 }
 
-// inProcess is pid's queues of tap, and how many it could not read.
+// inProcess is pid's queues of tap, and how many it could not read (1
+// for a process whose fds it could not list).
 func inProcess(pid int, netnsID uint64, tap string) ([]Queue, int) {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	fds, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, 0 // gone, or not ours to see
+	files, ok := tunFilesOf(pid)
+	if !ok {
+		return nil, 1
 	}
 	var qs []Queue
 	denied := 0
-	var pidfd = -1
+	pidfd := -1
 	defer func() {
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
 	}()
-	for _, e := range fds {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if target, err := os.Readlink(dir + "/" + e.Name()); err != nil || target != "/dev/net/tun" {
-			continue
-		}
-		if attachedTo(pid, fd) != tap {
+	for _, f := range files {
+		if f.tap != tap {
 			continue
 		}
 		if pidfd < 0 {
+			var err error
 			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
 				return qs, denied
 			}
 		}
-		q, err := read(pidfd, fd, netnsID)
+		q, err := read(pidfd, f.fd, netnsID)
 		switch {
 		case errors.Is(err, unix.EPERM):
 			denied++
@@ -115,23 +108,6 @@ func inProcess(pid int, netnsID uint64, tap string) ([]Queue, int) {
 		}
 	}
 	return qs, denied
-}
-
-// attachedTo is the tap a tun file is attached to, as its fdinfo says
-// ("iff:" is there only once it is attached).
-func attachedTo(pid, fd int) string {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if name, ok := strings.CutPrefix(sc.Text(), "iff:"); ok {
-			return strings.TrimSpace(name)
-		}
-	}
-	return ""
 }
 
 // read takes a copy of the process's fd and reads its flags, nil if the
