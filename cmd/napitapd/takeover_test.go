@@ -1,6 +1,8 @@
 package main
 
 import (
+	"golang.org/x/sys/unix"
+
 	"context"
 	"fmt"
 	"os"
@@ -102,8 +104,9 @@ func seccompListeners(t testing.TB, pid int) int {
 // TestASecondNapitapdTakesEverythingOverAndTheFirstExits: a napitapd
 // started on the paths of a running one takes its sockets, its seccomp
 // listener and its held queues; the first exits 0, a client polling the
-// socket throughout sees no error, and the queues fetched from the second
-// are NAPI queues.
+// socket throughout sees no error, the queues fetched from the second are
+// NAPI queues, and the sockets it took over have its --socket-group (a
+// rollout that changes it).
 func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 	nstest.RequireRoot(t)
 	pod := nstest.New(t, "takeover")
@@ -170,7 +173,7 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 
 	start := time.Now()
-	second := startNapitapdProc(t, p)
+	second := startNapitapdProc(t, p, "--socket-group", "107")
 	select {
 	case <-first.done:
 		if first.err != nil {
@@ -195,8 +198,11 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 		t.Errorf("the second napitapd holds %d seccomp listeners, want the launched process's", n)
 	}
 	for _, path := range []string{p.socket, p.seccomp} {
-		if _, err := os.Stat(path); err != nil {
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
 			t.Errorf("after the takeover: %v", err)
+		} else if st.Gid != 107 {
+			t.Errorf("after the takeover: %s has group %d, want the second napitapd's --socket-group 107", path, st.Gid)
 		}
 	}
 

@@ -26,6 +26,7 @@ import (
 	"github.com/napitap/napitap/pkg/metrics"
 	"github.com/napitap/napitap/pkg/seccompagent"
 	"github.com/napitap/napitap/pkg/takeover"
+	"github.com/napitap/napitap/pkg/unixsock"
 )
 
 // Config is what napitapd serves, and where.
@@ -368,10 +369,18 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 	}); err != nil {
 		return err
 	}
+	// A socket taken over keeps its file: this napitapd's --socket-mode
+	// and --socket-group are applied to it (a rollout that changes them).
+	if err := unixsock.Apply(d.o.Socket, d.mode, d.gid); err != nil {
+		return err
+	}
 	if d.o.SeccompSocket != "" {
 		if d.sl, err = listener(sockets[sockSeccomp], d.o.SeccompSocket, func() (*net.UnixListener, error) {
 			return seccompagent.Listen(d.o.SeccompSocket, d.mode, d.gid)
 		}); err != nil {
+			return err
+		}
+		if err := unixsock.Apply(d.o.SeccompSocket, d.mode, d.gid); err != nil {
 			return err
 		}
 		opts := seccompagent.Options{Store: agentStore, OnQueue: d.book.agentEvent}

@@ -32,17 +32,28 @@ func Listen(network, path string, mode os.FileMode, gid int) (*net.UnixListener,
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	if gid >= 0 {
-		if err := os.Chown(path, 0, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
+	if err := Apply(path, mode, gid); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
+		return nil, err
 	}
 	return l, nil
+}
+
+// Apply gives the socket at path mode and group (gid -1: root's). A
+// napitapd that takes a listening socket over applies its own: the file
+// stays, and a rollout that changes --socket-mode or --socket-group must
+// change it.
+func Apply(path string, mode os.FileMode, gid int) error {
+	if gid < 0 {
+		gid = 0
+	}
+	if err := os.Chown(path, 0, gid); err != nil {
+		return fmt.Errorf("chown %s to gid %d: %w", path, gid, err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return nil
 }
 
 // Every lets one event through per Interval and counts the others: for log
