@@ -34,9 +34,11 @@ MANIFESTS ?= $(BIN)/napitap.yaml
 DEPLOY    ?= deploy
 
 # Every package but the real-node e2e, which builds Kubernetes first
-# (make e2e-node), and the other kernel's (make test-kernel).
-PKGS       = $(shell $(GO) list ./... | grep -v -e /test/e2e/node -e /test/e2e/kernel)
-E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v -e /test/e2e/node -e /test/e2e/kernel)
+# (make e2e-node), the kind suite, which needs run.sh's cluster (make
+# e2e-kind), and the other kernel's (make test-kernel).
+NOT_UNIT   = -e /test/e2e/node -e /test/e2e/kind/suite -e /test/e2e/kernel
+PKGS       = $(shell $(GO) list ./... | grep -v $(NOT_UNIT))
+E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v $(NOT_UNIT))
 
 .PHONY: all deps deps-demo deps-test deps-image deps-kind deps-kernel test-kernel build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 

@@ -61,6 +61,13 @@ kind)
 	need_builder
 	need_cmd jq jq
 	need_cmd debootstrap debootstrap
+	# The VM pods' image (test/e2e/kind/suite): this machine's QEMU and
+	# busybox, and a Debian guest kernel fetched with apt-get download.
+	need_cmd qemu-system-x86_64 qemu-system-x86
+	need_pkg busybox-static "a static /bin/busybox"
+	need_cmd dpkg-deb dpkg
+	need_cmd xz xz-utils
+	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 kernel)
 	need_cmd qemu-system-x86_64 qemu-system-x86

@@ -262,5 +262,13 @@ for pod in "${pods[@]}"; do
 		sleep 2
 	done
 done
+
+phase "suite: VMs on both workers through an operator's day (test/e2e/kind/suite)"
+# Go, from this machine: kind's nodes are its containers, their QEMUs its
+# processes (test/e2e/kind/suite/doc.go).
+if ! NAPITAP_KIND_SUITE=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
+	go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" ./test/e2e/kind/suite/; then
+	fail "the kind suite failed (its log above)"
+fi
 end_phase
 say "PASS"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/napiprobe"
 	"github.com/napitap/napitap/test/e2e/crihelp"
+	"github.com/napitap/napitap/test/e2e/vm"
 	"golang.org/x/sys/unix"
 )
 
@@ -450,7 +451,7 @@ func (v *longRunningVM) probePlainHotPlug(c *cluster, h *hotPlug, ds *daemonSetP
 	}
 	t.Logf("pod %s: QMP netdev_add %s, made while the back-off kept napitapd down, took %v: the fd holder let its TUNSETIFFs go on; QEMU's fds %v are queues without NAPI",
 		v.name, h.id, h.took.Round(time.Millisecond), h.queues)
-	if err := qmpExecute(v.qmp, time.Minute, "netdev_del", map[string]any{"id": h.id}); err != nil {
+	if err := vm.QMPExecute(v.qmp, time.Minute, "netdev_del", map[string]any{"id": h.id}); err != nil {
 		t.Errorf("pod %s: netdev_del %s: %v", v.name, h.id, err)
 	}
 }

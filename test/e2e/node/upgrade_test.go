@@ -1,11 +1,9 @@
 package node
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,11 +125,11 @@ func (c *cluster) startLongRunningVM(name, kernel, initrd string) *longRunningVM
 			tailFile(filepath.Join(v.outDir, "serial.log"), 3000), tailFile(filepath.Join(v.outDir, "qemu.log"), 3000))
 	}
 	v.qemuPid = c.qemuOf(v.vmPod)
-	v.runningQueues, err = tunQueuesOf(v.qemuPid, v.tap)
+	v.runningQueues, err = vm.TapQueuesOf(v.qemuPid, v.tap)
 	if err != nil || len(v.runningQueues) != 2 {
 		t.Fatalf("QEMU (pid %d) has queues %v of %s (%v), want 2", v.qemuPid, v.runningQueues, v.tap, err)
 	}
-	if queues, err := tunQueuesOf(v.qemuPid, v.hpTap); err != nil || len(queues) != 0 {
+	if queues, err := vm.TapQueuesOf(v.qemuPid, v.hpTap); err != nil || len(queues) != 0 {
 		t.Fatalf("QEMU (pid %d) has queues %v of %s (%v), the tap it hot-plugs later", v.qemuPid, queues, v.hpTap, err)
 	}
 	c.checkGuestAnswers(v)
@@ -194,31 +192,6 @@ func childNamed(ppid int, comm string) (int, error) {
 	return found[0], nil
 }
 
-// tunQueuesOf lists the fds of pid that are queues attached to tap: the
-// kernel's fdinfo of an attached tun fd has an "iff:\t<name>" line.
-func tunQueuesOf(pid int, tap string) ([]int, error) {
-	dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	var fds []int
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue // closed meanwhile
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if line == "iff:\t"+tap {
-				fd, _ := strconv.Atoi(e.Name())
-				fds = append(fds, fd)
-			}
-		}
-	}
-	slices.Sort(fds)
-	return fds, nil
-}
-
 // checkGuestAnswers: the running guest answers ping from its peer on the
 // KubeVirt NAD's bridge, through the queues QEMU opened when it started,
 // within a minute (a guest whose QEMU was stalled may take a while).
@@ -257,7 +230,7 @@ func (c *cluster) checkStillRunning(v *longRunningVM, event string) {
 	if err != nil || len(st.Status.ContainerStatuses) != 1 || !st.Status.ContainerStatuses[0].Ready || st.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("after %s: pod %s: %+v (%v), want its container ready, never restarted", event, v.name, st, err)
 	}
-	if queues, err := tunQueuesOf(v.qemuPid, v.tap); err != nil || !slices.Equal(queues, v.runningQueues) {
+	if queues, err := vm.TapQueuesOf(v.qemuPid, v.tap); err != nil || !slices.Equal(queues, v.runningQueues) {
 		t.Errorf("after %s: QEMU has queues %v of %s (%v), want its %v", event, queues, v.tap, err, v.runningQueues)
 	}
 	for _, want := range []nodecheck.Expect{v.want, v.wantHP} {
@@ -282,19 +255,19 @@ type hotPlug struct {
 
 func (v *longRunningVM) hotPlug(id string) *hotPlug {
 	h := &hotPlug{id: id, issued: time.Now()}
-	before, err := tunQueuesOf(v.qemuPid, v.hpTap)
+	before, err := vm.TapQueuesOf(v.qemuPid, v.hpTap)
 	if err != nil {
 		h.err = err
 		return h
 	}
-	h.err = qmpExecute(v.qmp, 3*time.Minute, "netdev_add", map[string]any{
+	h.err = vm.QMPExecute(v.qmp, 3*time.Minute, "netdev_add", map[string]any{
 		"type": "tap", "id": id, "ifname": v.hpTap, "script": "no", "downscript": "no", "vhost": false, "queues": 2,
 	})
 	h.took = time.Since(h.issued)
 	if h.err != nil {
 		return h
 	}
-	after, err := tunQueuesOf(v.qemuPid, v.hpTap)
+	after, err := vm.TapQueuesOf(v.qemuPid, v.hpTap)
 	if err != nil {
 		h.err = err
 		return h
@@ -395,11 +368,11 @@ func (v *longRunningVM) probeHotPlug(c *cluster, h *hotPlug, ds *daemonSetPod, k
 	if n := v.attachedLines(c, killed); !killed.IsZero() && n != 2 {
 		t.Errorf("the restarted napitapd logged %d attaches with NAPI of %s, want 2 (netdev %s)", n, v.hpTap, h.id)
 	}
-	if err := qmpExecute(v.qmp, time.Minute, "netdev_del", map[string]any{"id": h.id}); err != nil {
+	if err := vm.QMPExecute(v.qmp, time.Minute, "netdev_del", map[string]any{"id": h.id}); err != nil {
 		t.Errorf("pod %s: netdev_del %s: %v", v.name, h.id, err)
 	}
 	err = crihelp.Poll(10*time.Second, func() error {
-		if queues, err := tunQueuesOf(v.qemuPid, v.hpTap); err != nil || len(queues) != 0 {
+		if queues, err := vm.TapQueuesOf(v.qemuPid, v.hpTap); err != nil || len(queues) != 0 {
 			return fmt.Errorf("QEMU has queues %v of %s (%v), want none", queues, v.hpTap, err)
 		}
 		return nil
@@ -433,53 +406,6 @@ func (v *longRunningVM) probeQueue(c *cluster, pidfd, fd int, id string) {
 	if !res.Merged() {
 		t.Errorf("netdev %s: QEMU's fd %d is no NAPI queue: %v", id, fd, res)
 	}
-}
-
-// qmpExecute runs one command on QEMU's QMP socket, bounded by timeout.
-func qmpExecute(sock string, timeout time.Duration, command string, args any) error {
-	conn, err := net.DialTimeout("unix", sock, 10*time.Second)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return err
-	}
-	dec, enc := json.NewDecoder(bufio.NewReader(conn)), json.NewEncoder(conn)
-	var greeting struct{ QMP json.RawMessage }
-	if err := dec.Decode(&greeting); err != nil || greeting.QMP == nil {
-		return fmt.Errorf("QMP greeting: %v", err)
-	}
-	run := func(command string, args any) error {
-		req := map[string]any{"execute": command}
-		if args != nil {
-			req["arguments"] = args
-		}
-		if err := enc.Encode(req); err != nil {
-			return err
-		}
-		for {
-			var resp struct {
-				Return json.RawMessage
-				Error  *struct{ Class, Desc string }
-				Event  string
-			}
-			if err := dec.Decode(&resp); err != nil {
-				return fmt.Errorf("QMP %s: %w", command, err)
-			}
-			switch {
-			case resp.Event != "":
-				continue
-			case resp.Error != nil:
-				return fmt.Errorf("QMP %s: %s: %s", command, resp.Error.Class, resp.Error.Desc)
-			}
-			return nil
-		}
-	}
-	if err := run("qmp_capabilities", nil); err != nil {
-		return err
-	}
-	return run(command, args)
 }
 
 // --- The held queues, fds mode ---
