@@ -39,7 +39,8 @@
 # sidecar-shim (hook sidecars) are deployed only when asked for: not built.
 #
 # Writes OUT/images/NAME.tar (docker-archive: kind load image-archive,
-# ctr images import), OUT/kubevirt-operator.yaml and OUT/kubevirt-cr.yaml,
+# ctr images import), OUT/kubevirt-operator.yaml and OUT/kubevirt-cr.yaml
+# (and OUT/bin/virtctl, the release's client: console, migrate, ...),
 # OUT being the gitignored .cache/kubevirt-v1.7.0/; only what is missing
 # or stale (a stamp per step). Prints OUT. Builds run under nice -n 19.
 set -euo pipefail
@@ -87,7 +88,7 @@ fi
 # 2. The binaries. The x_defs of version_x_defs() (client-go/version/def.bzl).
 bin=$out/bin
 static=(cmd/virt-operator tools/csv-generator cmd/virt-api cmd/virt-controller cmd/virt-chroot
-	cmd/virt-launcher-monitor cmd/virt-freezer cmd/virt-probe cmd/virt-tail tools/manifest-templator)
+	cmd/virt-launcher-monitor cmd/virt-freezer cmd/virt-probe cmd/virt-tail tools/manifest-templator cmd/virtctl)
 cgo=(cmd/virt-launcher cmd/virt-handler)
 stamp=$({
 	echo "$version ${static[*]} ${cgo[*]}"
@@ -223,6 +224,9 @@ launcher_files() {
 	echo 'libvirt-qemu:x:64055:' >>"$r/etc/group"
 	echo 'libvirt-qemu:x:64055:64055:Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin' >>"$r/etc/passwd"
 	install -d -m 0755 "$r/usr/lib64/qemu-kvm" "$r/home/qemu"
+	# A root libvirtd logs to /var/log/libvirt/libvirtd.log and exits if it
+	# cannot (node-labeller.sh's `virtqemud -d`); the rootfs has no /var/log.
+	install -d -m 0700 "$r/var/log/libvirt"
 	chown 107:107 "$r/home/qemu"
 	# libvirtd as virtqemud: the QEMU driver alone, as in virtqemud (no
 	# network, nwfilter, storage, ... to start in a pod).
