@@ -192,7 +192,10 @@ debian_image() { # name rootfs-tarball entrypoint [user]
 	install -m 0644 "$work/version" "$r/.version"
 	install -m 0644 "$src/cmd/$1/nsswitch.conf" "$r/etc/nsswitch.conf"
 	"${@:5}" # the image's own files
-	tar -C "$r" --numeric-owner --xattrs --xattrs-include=security.capability --sort=name --mtime=@0 -cf "$work/$1.layer.tar" .
+	# The same rootfs gives the same layer: sorted, every time at the epoch,
+	# no atime or ctime and no PID in the pax headers --xattrs brings.
+	tar -C "$r" --numeric-owner --xattrs --xattrs-include=security.capability --sort=name --mtime=@0 \
+		--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf "$work/$1.layer.tar" .
 	"$work/imagepack" -o "$work/$1.tar" -ref "$registry/$1:$version" -entrypoint "$3" ${4:+-user "$4"} -env "$path" -layer "$work/$1.layer.tar"
 	rm -rf "$r" "$work/$1.layer.tar"
 }
