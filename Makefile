@@ -40,7 +40,7 @@ NOT_UNIT   = -e /test/e2e/node -e /test/e2e/kind/suite -e /test/e2e/kernel
 PKGS       = $(shell $(GO) list ./... | grep -v $(NOT_UNIT))
 E2E_PKGS   = $(shell $(GO) list ./test/e2e/... | grep -v $(NOT_UNIT))
 
-.PHONY: all deps deps-demo deps-test deps-image deps-kind deps-kernel test-kernel build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster image print-image deploy-manifests release lint-workflows fuzz-short bench clean
+.PHONY: all deps deps-demo deps-test deps-image deps-kind deps-kubevirt deps-kernel test-kernel build tools demo test test-arm64 unit deploy-test e2e e2e-node e2e-kind kind-node-image kind-cluster kubevirt-images image print-image deploy-manifests release lint-workflows fuzz-short bench clean
 
 all: build
 
@@ -57,6 +57,8 @@ deps-image:
 	./hack/deps.sh image
 deps-kind:
 	./hack/deps.sh kind
+deps-kubevirt:
+	./hack/deps.sh kubevirt
 deps-kernel:
 	./hack/deps.sh kernel
 
@@ -146,6 +148,12 @@ e2e-kind: deps-kind
 # The kind node image, built offline into .cache/kind (test/e2e/kind/nodeimage.sh).
 kind-node-image:
 	./test/e2e/kind/nodeimage.sh
+
+# KubeVirt v1.7.0's images (docker-archives for kind load image-archive) and
+# its operator and CR manifests, built offline into .cache/kubevirt-v1.7.0
+# (test/e2e/kind/kubevirt/images.sh).
+kubevirt-images: deps-kubevirt
+	./test/e2e/kind/kubevirt/images.sh
 
 # A kind cluster of that image, privileged or through the docker wrapper
 # (test/e2e/kind/cluster.sh; KIND_WORKERS=2 for three nodes).

@@ -19,6 +19,12 @@
 #   hack/deps.sh kind   make e2e-kind's: jq, debootstrap (the node image's
 #                       Debian 12 root) and an image builder; Docker's
 #                       engine itself the machine provides
+#   hack/deps.sh kubevirt make kubevirt-images': jq, debootstrap (the
+#                       Debian 12 roots of virt-handler and virt-launcher),
+#                       gcc with libvirt's headers (libvirt-dev: virt-launcher
+#                       links libvirt 9.0 through cgo; container-disk is C,
+#                       linked static against glibc's libc.a from libc6-dev),
+#                       pkg-config and setcap (libcap2-bin)
 #   hack/deps.sh kernel make test-kernel's: QEMU, debootstrap (the guest's
 #                       Debian 12 root), busybox (its cpio), dpkg-deb,
 #                       flock, apt package lists (the guest kernel) and gcc
@@ -69,6 +75,15 @@ kind)
 	need_cmd xz xz-utils
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
+kubevirt)
+	need_cmd jq jq
+	need_cmd debootstrap debootstrap
+	need_cmd gcc gcc
+	need_cmd pkg-config pkg-config
+	need_cmd setcap libcap2-bin
+	need_pkg libc6-dev "glibc's static libc.a (container-disk)"
+	need_pkg libvirt-dev "libvirt's headers (virt-launcher, cgo)"
+	;;
 kernel)
 	need_cmd qemu-system-x86_64 qemu-system-x86
 	need_cmd debootstrap debootstrap
@@ -100,7 +115,7 @@ test)
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)
-	echo "usage: $0 demo|test|image|kind|kernel" >&2
+	echo "usage: $0 demo|test|image|kind|kubevirt|kernel" >&2
 	exit 2
 	;;
 esac

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"time"
@@ -37,6 +38,20 @@ func WritePauseArchive(path, pauseBin, ref string) error {
 // WriteImageArchive packs entries into a one-layer image tagged ref, in
 // the docker-archive form WritePauseArchive describes.
 func WriteImageArchive(path, ref string, entrypoint []string, entries []ImageEntry) error {
+	return WriteImage(path, ref, ImageConfig{Entrypoint: entrypoint}, entries)
+}
+
+// ImageConfig is what an image's config says of the process it runs:
+// User and Env are left out of the config when empty, so an image without
+// them keeps the digest it had before they existed.
+type ImageConfig struct {
+	Entrypoint []string
+	User       string   // e.g. "1001" or "107"
+	Env        []string // KEY=VALUE
+}
+
+// WriteImage is WriteImageArchive with a config of its own.
+func WriteImage(path, ref string, cfg ImageConfig, entries []ImageEntry) error {
 	epoch := time.Unix(0, 0)
 	var layer bytes.Buffer
 	lw := tar.NewWriter(&layer)
@@ -60,19 +75,40 @@ func WriteImageArchive(path, ref string, entrypoint []string, entries []ImageEnt
 	if err := lw.Close(); err != nil {
 		return err
 	}
-	diffID := sha256.Sum256(layer.Bytes())
+	return WriteLayerImage(path, ref, cfg, bytes.NewReader(layer.Bytes()))
+}
 
+// WriteLayerImage writes a one-layer image tagged ref whose layer is the
+// tar layer, as it is: a rootfs tarred by GNU tar keeps its owners, setuid
+// bits, hard links and file capabilities, which ImageEntry has no room for.
+func WriteLayerImage(path, ref string, cfg ImageConfig, layer io.ReadSeeker) error {
+	epoch := time.Unix(0, 0)
+	h := sha256.New()
+	size, err := io.Copy(h, layer)
+	if err != nil {
+		return err
+	}
+	if _, err := layer.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	process := map[string]any{
+		"Entrypoint": cfg.Entrypoint,
+		"WorkingDir": "/",
+	}
+	if cfg.User != "" {
+		process["User"] = cfg.User
+	}
+	if len(cfg.Env) > 0 {
+		process["Env"] = cfg.Env
+	}
 	config, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"created":      epoch.UTC().Format(time.RFC3339),
-		"config": map[string]any{
-			"Entrypoint": entrypoint,
-			"WorkingDir": "/",
-		},
+		"config":       process,
 		"rootfs": map[string]any{
 			"type":     "layers",
-			"diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])},
+			"diff_ids": []string{"sha256:" + hex.EncodeToString(h.Sum(nil))},
 		},
 	})
 	if err != nil {
@@ -95,10 +131,16 @@ func WriteImageArchive(path, ref string, entrypoint []string, entries []ImageEnt
 	}
 	defer f.Close()
 	tw := tar.NewWriter(f)
+	if err := tw.WriteHeader(&tar.Header{Name: "layer.tar", Mode: 0o644, Size: size, ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := io.Copy(tw, layer); err != nil {
+		return fmt.Errorf("layer.tar: %w", err)
+	}
 	for _, file := range []struct {
 		name string
 		data []byte
-	}{{"layer.tar", layer.Bytes()}, {configName, config}, {"manifest.json", manifest}} {
+	}{{configName, config}, {"manifest.json", manifest}} {
 		if err := tw.WriteHeader(&tar.Header{Name: file.name, Mode: 0o644, Size: int64(len(file.data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}

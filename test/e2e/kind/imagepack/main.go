@@ -3,9 +3,13 @@
 // reads), with every timestamp at the epoch so that the same directory
 // always gives the same digests. test/e2e/kind/nodeimage.sh makes the
 // kind node's preloaded images with it (pause and the control plane's
-// components, each a static binary):
+// components, each a static binary). With -layer it packs a ready tar
+// instead of DIR, as it is: test/e2e/kind/kubevirt/images.sh packs a
+// Debian rootfs tarred by GNU tar that way (owners, setuid bits, hard
+// links and file capabilities, which a directory walk here would lose):
 //
-//	imagepack -o OUT.tar -ref REF [-entrypoint /bin/x,arg] DIR
+//	imagepack -o OUT.tar -ref REF [-entrypoint /bin/x,arg] [-user UID] [-env K=V,...] DIR
+//	imagepack -o OUT.tar -ref REF [-entrypoint /bin/x,arg] [-user UID] [-env K=V,...] -layer LAYER.tar
 package main
 
 import (
@@ -23,22 +27,43 @@ func main() {
 	out := flag.String("o", "", "the docker-archive to write")
 	ref := flag.String("ref", "", "the image's tag, e.g. registry.k8s.io/pause:3.10.1")
 	entrypoint := flag.String("entrypoint", "", "the entrypoint, comma-separated")
+	user := flag.String("user", "", "the user the image runs as, e.g. 1001")
+	env := flag.String("env", "", "the environment, comma-separated KEY=VALUE")
+	layer := flag.String("layer", "", "a tar to take as the image's layer, as it is, instead of DIR")
 	flag.Parse()
-	if *out == "" || *ref == "" || flag.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: imagepack -o OUT.tar -ref REF [-entrypoint /bin/x,arg] DIR")
+	if *out == "" || *ref == "" || (*layer == "") != (flag.NArg() == 1) || flag.NArg() > 1 {
+		fmt.Fprintln(os.Stderr, "usage: imagepack -o OUT.tar -ref REF [-entrypoint /bin/x,arg] [-user UID] [-env K=V,...] DIR|-layer LAYER.tar")
 		os.Exit(2)
 	}
-	var ep []string
+	cfg := crihelp.ImageConfig{User: *user}
 	if *entrypoint != "" {
-		ep = strings.Split(*entrypoint, ",")
+		cfg.Entrypoint = strings.Split(*entrypoint, ",")
 	}
-	if err := pack(*out, *ref, ep, flag.Arg(0)); err != nil {
+	if *env != "" {
+		cfg.Env = strings.Split(*env, ",")
+	}
+	var err error
+	if *layer != "" {
+		err = packLayer(*out, *ref, cfg, *layer)
+	} else {
+		err = pack(*out, *ref, cfg, flag.Arg(0))
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "imagepack:", err)
 		os.Exit(1)
 	}
 }
 
-func pack(out, ref string, entrypoint []string, dir string) error {
+func packLayer(out, ref string, cfg crihelp.ImageConfig, layer string) error {
+	f, err := os.Open(layer)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return crihelp.WriteLayerImage(out, ref, cfg, f)
+}
+
+func pack(out, ref string, cfg crihelp.ImageConfig, dir string) error {
 	var entries []crihelp.ImageEntry
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || path == dir {
@@ -73,5 +98,5 @@ func pack(out, ref string, entrypoint []string, dir string) error {
 	if err != nil {
 		return err
 	}
-	return crihelp.WriteImageArchive(out, ref, entrypoint, entries)
+	return crihelp.WriteImage(out, ref, cfg, entries)
 }
