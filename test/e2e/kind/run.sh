@@ -21,6 +21,8 @@
 #                    (napitap.local/kind-node:v1.37.2)
 #   KEEP_CLUSTER=1   keep the cluster afterwards, to look around
 #   TIMEOUT          each kubectl wait (180s)
+#   SUITE_RUN        go test -run for the Go suite, e.g.
+#                    'Day/^VM_pods' for its first step alone
 set -euo pipefail
 
 cd "$(dirname "$0")/../../.."
@@ -267,7 +269,7 @@ phase "suite: VMs on both workers through an operator's day (test/e2e/kind/suite
 # Go, from this machine: kind's nodes are its containers, their QEMUs its
 # processes (test/e2e/kind/suite/doc.go).
 if ! NAPITAP_KIND_SUITE=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
-	go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" ./test/e2e/kind/suite/; then
+	go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "${SUITE_RUN:-.}" ./test/e2e/kind/suite/; then
 	fail "the kind suite failed (its log above)"
 fi
 end_phase
