@@ -24,6 +24,7 @@ var verbs = []struct{ name, usage string }{
 	{"list", listUsage},
 	{"queues", queuesUsage},
 	{"node", nodeUsage},
+	{"filtered", filteredUsage},
 	{"ready", readyUsage},
 	{"probe", probeUsage},
 	{"seccomp-profile", seccompProfileUsage},
@@ -71,6 +72,8 @@ func main() {
 		err = queues(client, flag.Args()[1:])
 	case "node":
 		err = node(client, flag.Args()[1:])
+	case "filtered":
+		err = filtered(client, flag.Args()[1:])
 	case "probe":
 		err = probe(flag.Args()[1:])
 	case "ready":

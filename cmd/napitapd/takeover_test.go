@@ -197,6 +197,12 @@ func TestASecondNapitapdTakesEverythingOverAndTheFirstExits(t *testing.T) {
 	if n := seccompListeners(t, second.cmd.Process.Pid); n != 1 {
 		t.Errorf("the second napitapd holds %d seccomp listeners, want the launched process's", n)
 	}
+	// What napitapctl filtered prints: the listener, by origin.
+	if st, err := client.Status(); err != nil || st.Filter == nil || len(st.Filter.Listeners) != 1 {
+		t.Errorf("the second napitapd's status: %+v, %v; want the launched process's listener in its filter", st, err)
+	} else {
+		t.Logf("the second napitapd's filter serves %q", st.Filter.Listeners)
+	}
 	for _, path := range []string{p.socket, p.seccomp} {
 		var st unix.Stat_t
 		if err := unix.Stat(path, &st); err != nil {

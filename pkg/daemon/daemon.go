@@ -346,6 +346,12 @@ func (d *daemon) prepare(files []takeover.File) (err error) {
 		d.srv.Observe = d.o.Metrics.Request
 	}
 	d.srv.QueueStates = d.book.states
+	d.srv.Filtered = func() []string {
+		if d.agent == nil {
+			return []string{}
+		}
+		return d.agent.Origins()
+	}
 	var agentStore seccompagent.Store
 	if d.store != nil {
 		d.srv.Store, agentStore = d.store, d.store

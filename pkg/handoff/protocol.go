@@ -210,6 +210,18 @@ type Status struct {
 	MountNS uint64 `json:"mountNS"`
 	// Version is napitapd's (pkg/buildinfo); empty from one older than it.
 	Version string `json:"version,omitempty"`
+	// Filter: the containers under napitap's seccomp filter whose
+	// listener napitapd serves, for napitapd's equals only (it names
+	// pods); nil for others and from a napitapd older than it.
+	Filter *FilterStatus `json:"filter,omitempty"`
+}
+
+// FilterStatus is what napitapd's seccomp agent serves: one listener per
+// container (or napitapctl launch tree) whose processes are under the
+// filter. Each of those processes gets ENOSYS for TUNSETIFF once no
+// process holds its listener (napitap removed from the node).
+type FilterStatus struct {
+	Listeners []string `json:"listeners"` // each one's origin: pod and container, or the launcher
 }
 
 // ListPage is how many attachments one list response carries, well inside

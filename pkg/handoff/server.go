@@ -61,7 +61,10 @@ type Server struct {
 	// open queue of an attachment's tap, for list's answer to a caller
 	// that sees every attachment (napitapctl node).
 	QueueStates func(att Attachment) []QueueState
-	conns       connTable
+	// Filtered, if set before Serve, names the seccomp listeners napitapd
+	// serves, for a status from napitapd's equals.
+	Filtered func() []string
+	conns    connTable
 }
 
 // QueueStore keeps copies of the queues a Server holds outside napitapd's
@@ -316,6 +319,9 @@ func (s *Server) handle(b []byte, files []*os.File, cred *peer.Process) (resp *R
 		st, err := OwnStatus()
 		if err != nil {
 			return &Response{Error: errorf(CodeInternal, "%v", err)}, nil, nil
+		}
+		if s.Filtered != nil && napitapdsEqual(cred) == nil {
+			st.Filter = &FilterStatus{Listeners: s.Filtered()}
 		}
 		return &Response{Status: st}, nil, nil
 	default: // OpList

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -216,6 +217,18 @@ func (a *Agent) Listeners() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.listeners)
+}
+
+// Origins names the listeners served, sorted.
+func (a *Agent) Origins() []string {
+	a.mu.Lock()
+	out := make([]string, 0, len(a.listeners))
+	for _, origin := range a.listeners {
+		out = append(out, origin)
+	}
+	a.mu.Unlock()
+	slices.Sort(out)
+	return out
 }
 
 // Close stops serving and closes every listener and its slot. The

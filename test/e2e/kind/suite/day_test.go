@@ -271,6 +271,21 @@ func (k *kind) removeAndReapply(t *testing.T, vms []*vmPod) []row {
 	for _, p := range vms {
 		answers[p], _, _, _ = k.pings(p)
 	}
+	// What an operator asks first ("Removal" in deploy/README.md): which
+	// containers are under the filter, and so lose their TUNSETIFF.
+	for _, w := range k.workers {
+		ds, err := k.dsPodOn(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := k.kubectlMust(t, "exec", "-n", dsNamespace, ds.name, "-c", "napitapd", "--", "napitapctl", "filtered")
+		t.Logf("%s: napitapctl filtered:\n%s", w, out)
+		for _, p := range vms {
+			if p.node == w && p.mode == intercept && !strings.Contains(out, p.name) {
+				t.Errorf("%s: napitapctl filtered does not name VM pod %s, which is under the filter", w, p.name)
+			}
+		}
+	}
 	start := time.Now()
 	k.kubectlMust(t, "delete", "-k", dir, "--wait=false")
 	err := poll(3*time.Minute, func() error {
