@@ -81,10 +81,11 @@ func TestCNIBinDirOverlayFromREADME(t *testing.T) {
 	t.Error("no cni-bin volume")
 }
 
-// The kind suite applies deploy/ unchanged but for the image it loads, and
-// its pods run that image too.
+// The kind suite applies deploy/overlays/nonroot-vmm (its VMMs run as
+// 107) unchanged but for the image it loads, and its pods run that image
+// too.
 func TestKindOverlay(t *testing.T) {
-	base, _ := daemonSet(t, "deploy")
+	base, _ := daemonSet(t, filepath.Join("deploy", "overlays", "nonroot-vmm"))
 	ds, _ := daemonSet(t, filepath.Join("test", "e2e", "kind"))
 	const image = "ghcr.io/napitap/napitap:e2e"
 	for _, cs := range [][]corev1.Container{ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers} {
