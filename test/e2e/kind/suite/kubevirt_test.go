@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -287,6 +288,8 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 	domIf, _ := k.kubectl("get", "vmi", "-n", podNamespace, c.name, "-o", `jsonpath={.status.interfaces}`)
 	t.Logf("VMI %s status.interfaces: %s", c.name, domIf)
 
+	k.logDomainNIC(t, c, launcher)
+
 	sandbox, err := sandboxOf(node, launcher)
 	if err != nil || sandbox == "" {
 		t.Fatalf("virt-launcher pod %s: sandbox %q on %s: %v", launcher, sandbox, node, err)
@@ -357,6 +360,69 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 	t.Logf("VM %s (%s, multiqueue %v): kubectl -n %s exec %s -c napitapd -- napitapctl queues --container %.12s --ifname %s:\n%s",
 		c.name, c.nad, c.multiqueue, dsNamespace, ds.name, sandbox, podIf, table)
 	t.Logf("VM %s: Running, pinging, queues checked in %v", c.name, time.Since(start).Round(time.Second))
+}
+
+// logDomainNIC logs what KubeVirt asked libvirt for and what QEMU got:
+// the domain's interface as libvirt has it, QEMU's -netdev (this
+// machine's process: kind's nodes are its containers), and what libvirt
+// logged of vhost, which the nodes here lack (/dev/vhost-net).
+func (k *kind) logDomainNIC(t *testing.T, c *kvCase, launcher string) {
+	t.Helper()
+	domain := podNamespace + "_" + c.name
+	xml, err := k.kubectl("exec", "-n", podNamespace, launcher, "-c", "compute", "--",
+		"virsh", "-c", "qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock", "dumpxml", domain)
+	if m := regexp.MustCompile(`(?s)<interface type='ethernet'>.*?</interface>`).FindString(xml); m != "" {
+		t.Logf("VM %s: libvirt's domain %s, its NIC:\n%s", c.name, domain, m)
+	} else {
+		t.Logf("VM %s: virsh dumpxml %s: no ethernet interface (%v):\n%s", c.name, domain, err, crihelp.Tail(xml, 1500))
+	}
+	pid, err := kubeVirtQEMU(domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	for i, a := range args {
+		if a == "-netdev" && i+1 < len(args) {
+			t.Logf("VM %s: QEMU (pid %d) -netdev %s", c.name, pid, args[i+1])
+		}
+	}
+	log, _ := k.kubectl("logs", "-n", podNamespace, launcher, "-c", "compute")
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(strings.ToLower(line), "vhost") && !strings.Contains(line, "Base64 dump") {
+			t.Logf("VM %s: virt-launcher's log: %s", c.name, line)
+		}
+	}
+}
+
+// kubeVirtQEMU finds, on this machine, the QEMU of a libvirt domain.
+func kubeVirtQEMU(domain string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if filepath.Base(args[0]) == "qemu-system-x86_64" && slices.Contains(args, "guest="+domain+",debug-threads=on") {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		return 0, fmt.Errorf("QEMUs of domain %s on this machine: %v", domain, pids)
+	}
+	return pids[0], nil
 }
 
 // launcherOf is the running virt-launcher pod of the VMI.
