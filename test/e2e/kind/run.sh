@@ -29,6 +29,8 @@
 #                    deploy/kubevirt/kubevirt-patch.yaml), and the suite's
 #                    KubeVirt test (NAPITAP_KIND_KUBEVIRT=1) before the rest
 #   KUBEVIRT_TIMEOUT the KubeVirt CR's Available condition (600s)
+#   KUBEVIRT_RUN     go test -run for the KubeVirt test (^TestKubeVirt);
+#                    SUITE_RUN='^TestKubeVirt' then skips the rest
 set -euo pipefail
 
 cd "$(dirname "$0")/../../.."
@@ -319,7 +321,7 @@ if [ "$kubevirt" = 1 ]; then
 	phase "suite: KubeVirt VMs on napitap networks (test/e2e/kind/suite, TestKubeVirt)"
 	# Before the operator's day, which drains a worker and stops the other.
 	if ! NAPITAP_KIND_SUITE=1 NAPITAP_KIND_KUBEVIRT=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
-		KUBEVIRT_DIR="$kv" go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "^TestKubeVirt" ./test/e2e/kind/suite/; then
+		KUBEVIRT_DIR="$kv" go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "${KUBEVIRT_RUN:-^TestKubeVirt}" ./test/e2e/kind/suite/; then
 		fail "the kind suite's KubeVirt test failed (its log above)"
 	fi
 fi

@@ -94,14 +94,17 @@ func TestKubeVirtVMsOnNapitapNetworks(t *testing.T) {
 	// The shipped NAD (4 queues, NAPI) and copies of it: one queue, for a
 	// VM without multiqueue (the modes must match, the counts need not);
 	// and each with napi false, the control.
+	k.kubectlMust(t, "apply", "-n", podNamespace, "-f", filepath.Join(k.repo, "deploy", "kubevirt", "nad.yaml"))
 	nads := map[string]func(map[string]any){
-		"napitap-kubevirt":           nil,
 		"napitap-kubevirt-1q":        func(p map[string]any) { p["queues"] = 1 },
 		"napitap-kubevirt-nonapi":    func(p map[string]any) { p["napi"] = false },
 		"napitap-kubevirt-1q-nonapi": func(p map[string]any) { p["queues"], p["napi"] = 1, false },
 	}
 	for name, edit := range nads {
 		k.apply(t, k.kubeVirtNAD(t, name, edit))
+		t.Cleanup(func() {
+			k.kubectl("delete", "net-attach-def", "-n", podNamespace, name, "--ignore-not-found")
+		})
 	}
 
 	w := k.workers[0]
@@ -169,12 +172,15 @@ func (k *kind) buildKubeVirtGuestImage(t *testing.T) {
 	}
 	// KubeVirt v1.7.0's virt-handler writes each file's CRC32 (a uint32)
 	// into the VMI's status.kernelBootStatus, whose CRD schema says
-	// "format: int32"; Kubernetes 1.37's apiserver refuses a value above
-	// MaxInt32 ("Checked value must be of type integer with format int32
-	// in status.kernelBootStatus.kernelInfo.checksum"), and the VMI then
-	// stays Scheduled with its domain running. So both files are given a
-	// CRC32 below 2^31: the kernel 4 bytes after its end (the bzImage's
-	// header says where its payload ends), the initramfs a padding file.
+	// "format: int32"; the apiserver checks that format from Kubernetes
+	// 1.36 and refuses a value above MaxInt32 ("Checked value must be of
+	// type integer with format int32 in
+	// status.kernelBootStatus.kernelInfo.checksum"), so the VMI stays
+	// Scheduled with its domain running (kubevirt/kubevirt#17858, fixed
+	// for v1.9 by #17469). This kernel's CRC32 is above. So both files
+	// are given a CRC32 below 2^31: the kernel 4 bytes after its end (the
+	// bzImage's header says where its payload ends), the initramfs a
+	// padding file.
 	for i := uint32(0); crc32.ChecksumIEEE(kernelData) > math.MaxInt32; i++ {
 		if i > 0 {
 			kernelData = kernelData[:len(kernelData)-4]
@@ -359,7 +365,39 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 		"napitapctl", "queues", "--container", sandbox, "--ifname", podIf)
 	t.Logf("VM %s (%s, multiqueue %v): kubectl -n %s exec %s -c napitapd -- napitapctl queues --container %.12s --ifname %s:\n%s",
 		c.name, c.nad, c.multiqueue, dsNamespace, ds.name, sandbox, podIf, table)
+	// Who called TUNSETIFF, as napitapd logged it: libvirt, which hands
+	// the queues to QEMU.
+	dlog, _ := k.kubectl("logs", "-n", dsNamespace, ds.name, "-c", "napitapd")
+	for _, line := range strings.Split(dlog, "\n") {
+		if !strings.Contains(line, sandbox) || !strings.Contains(line, "TUNSETIFF") && !strings.Contains(line, "attached") {
+			continue
+		}
+		comm := ""
+		if m := regexp.MustCompile(` pid=(\d+)`).FindStringSubmatch(line); m != nil {
+			if out, err := onNode(node, "cat", "/proc/"+m[1]+"/comm"); err == nil {
+				comm = " (pid " + m[1] + " is " + strings.TrimSpace(out) + ")"
+			}
+		}
+		t.Logf("VM %s: napitapd: %s%s", c.name, line, comm)
+	}
 	t.Logf("VM %s: Running, pinging, queues checked in %v", c.name, time.Since(start).Round(time.Second))
+
+	// Deleted, the VM leaves napitapd nothing of its attachment.
+	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
+	err = poll(2*time.Minute, func() error {
+		list, err := k.attachments(node)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(list, sandbox[:12]) {
+			return fmt.Errorf("napitapctl list still shows sandbox %.12s:\n%s", sandbox, list)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("VM %s deleted: %v", c.name, err)
+	}
+	t.Logf("VM %s deleted: napitapd on %s holds nothing of sandbox %.12s", c.name, node, sandbox)
 }
 
 // logDomainNIC logs what KubeVirt asked libvirt for and what QEMU got:
