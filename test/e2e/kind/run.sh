@@ -226,7 +226,7 @@ done
 k -n napitap-system get pods -o wide
 
 if [ "$kubevirt" = 1 ]; then
-	phase "KubeVirt v1.7.0: operator, CR, useEmulation, napitap's patch"
+	phase "KubeVirt v1.7.0: operator, CR, emulation, napitap patch"
 	# As KubeVirt's docs install it: the operator, then the CR; software
 	# emulation (no usable /dev/kvm here) and napitap's binding and
 	# virt-launcher profile (deploy/kubevirt/README.md, step 3) patched in.
@@ -318,7 +318,7 @@ for pod in "${pods[@]}"; do
 done
 
 if [ "$kubevirt" = 1 ]; then
-	phase "suite: KubeVirt VMs on napitap networks (test/e2e/kind/suite, TestKubeVirt)"
+	phase "suite: KubeVirt VMs on napitap networks (TestKubeVirt)"
 	# Before the operator's day, which drains a worker and stops the other.
 	if ! NAPITAP_KIND_SUITE=1 NAPITAP_KIND_KUBEVIRT=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
 		KUBEVIRT_DIR="$kv" go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "${KUBEVIRT_RUN:-^TestKubeVirt}" ./test/e2e/kind/suite/; then
