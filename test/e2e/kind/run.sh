@@ -23,6 +23,14 @@
 #   TIMEOUT          each kubectl wait (180s)
 #   SUITE_RUN        go test -run for the Go suite, e.g.
 #                    'Day/^VM_pods' for its first step alone
+#   KUBEVIRT=1       also KubeVirt v1.7.0 (make kubevirt-images: built
+#                    offline, loaded, installed from its operator and CR
+#                    manifests with useEmulation and napitap's patch,
+#                    deploy/kubevirt/kubevirt-patch.yaml), and the suite's
+#                    KubeVirt test (NAPITAP_KIND_KUBEVIRT=1) before the rest
+#   KUBEVIRT_TIMEOUT the KubeVirt CR's Available condition (600s)
+#   KUBEVIRT_RUN     go test -run for the KubeVirt test (^TestKubeVirt);
+#                    SUITE_RUN='^TestKubeVirt' then skips the rest
 set -euo pipefail
 
 cd "$(dirname "$0")/../../.."
@@ -35,6 +43,9 @@ export KIND_WORKERS=2
 cluster=$KIND_CLUSTER
 keep=${KEEP_CLUSTER:-0}
 timeout=${TIMEOUT:-180s}
+kubevirt=${KUBEVIRT:-0}
+kubevirt_timeout=${KUBEVIRT_TIMEOUT:-600s}
+kv= # .cache/kubevirt-v1.7.0, with KUBEVIRT=1
 image=ghcr.io/napitap/napitap:e2e
 socket=/run/napitap/napitapd.sock
 cache=$root/.cache/kind
@@ -87,6 +98,17 @@ diagnostics() {
 	for p in $(k -n napitap-system get pods -o name 2>/dev/null); do
 		k -n napitap-system logs "$p" --all-containers --tail=100 || true
 	done
+	if [ "$kubevirt" = 1 ]; then
+		k get kubevirt -A -o yaml | grep -A40 '^  status:' || true
+		k get vm,vmi -A -o wide || true
+		for p in $(k -n kubevirt get pods -o name 2>/dev/null); do
+			k -n kubevirt logs "$p" --all-containers --tail=30 || true
+		done
+		for p in $(k get pods -l kubevirt.io=virt-launcher -o name 2>/dev/null); do
+			k describe "$p" | tail -30 || true
+			k logs "$p" --all-containers --tail=50 || true
+		done
+	fi
 	k get events -A --sort-by=.lastTimestamp | tail -40 || true
 }
 cleanup() {
@@ -137,6 +159,10 @@ CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -o "$work/cni/" \
 # own from docker).
 make image IMAGE="$image" VERSION=e2e PLATFORMS="linux/$goarch" IMAGE_ARCHIVE="$work/napitap-image.tar"
 multus=$(test/e2e/kind/multus.sh)
+if [ "$kubevirt" = 1 ]; then
+	# Cached: only what is missing or stale is built (nice -n 19).
+	kv=$(test/e2e/kind/kubevirt/images.sh)
+fi
 
 phase "cluster: cluster.sh create (3 nodes)"
 created=1
@@ -149,6 +175,15 @@ echo "nodes: ${nodes[*]}; workers: ${workers[*]}"
 
 phase "load images: kind load image-archive"
 test/e2e/kind/cluster.sh load "$work/napitap-image.tar" "$multus/image.tar"
+if [ "$kubevirt" = 1 ]; then
+	test/e2e/kind/cluster.sh load "$kv"/images/*.tar
+	for node in "${nodes[@]}"; do
+		for c in virt-operator virt-api virt-controller virt-handler virt-launcher; do
+			docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "quay.io/kubevirt/$c:v1.7.0" >/dev/null ||
+				fail "$node: the CRI does not see quay.io/kubevirt/$c:v1.7.0 after kind load"
+		done
+	done
+fi
 for node in "${nodes[@]}"; do
 	for ref in "$image" "ghcr.io/k8snetworkplumbingwg/multus-cni:v4.2.2"; do
 		docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$ref" >/dev/null ||
@@ -189,6 +224,23 @@ for node in "${nodes[@]}"; do
 	docker exec "$node" test -S "$socket" || fail "$node: napitapd's socket $socket is missing"
 done
 k -n napitap-system get pods -o wide
+
+if [ "$kubevirt" = 1 ]; then
+	phase "KubeVirt v1.7.0: operator, CR, emulation, napitap patch"
+	# As KubeVirt's docs install it: the operator, then the CR; software
+	# emulation (no usable /dev/kvm here) and napitap's binding and
+	# virt-launcher profile (deploy/kubevirt/README.md, step 3) patched in.
+	k apply -f "$kv/kubevirt-operator.yaml"
+	k -n kubevirt rollout status deploy/virt-operator --timeout="$timeout"
+	k apply -f "$kv/kubevirt-cr.yaml"
+	k -n kubevirt patch kubevirt kubevirt --type merge \
+		-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}'
+	k -n kubevirt patch kubevirt kubevirt --type merge --patch-file deploy/kubevirt/kubevirt-patch.yaml
+	k -n kubevirt wait kubevirt kubevirt --for condition=Available --timeout="$kubevirt_timeout"
+	k -n kubevirt get kubevirt kubevirt -o jsonpath='{.status.phase} {.status.observedKubeVirtVersion}{"\n"}'
+	k -n kubevirt get pods -o wide
+	k -n kubevirt get kubevirt kubevirt -o jsonpath='{.spec.configuration}{"\n"}'
+fi
 
 phase "pods: napitap-bridge NAD, a pod on each worker"
 k apply -f deploy/examples/napitap-bridge.yaml
@@ -264,6 +316,15 @@ for pod in "${pods[@]}"; do
 		sleep 2
 	done
 done
+
+if [ "$kubevirt" = 1 ]; then
+	phase "suite: KubeVirt VMs on napitap networks (TestKubeVirt)"
+	# Before the operator's day, which drains a worker and stops the other.
+	if ! NAPITAP_KIND_SUITE=1 NAPITAP_KIND_KUBEVIRT=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
+		KUBEVIRT_DIR="$kv" go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "${KUBEVIRT_RUN:-^TestKubeVirt}" ./test/e2e/kind/suite/; then
+		fail "the kind suite's KubeVirt test failed (its log above)"
+	fi
+fi
 
 phase "suite: VMs on both workers through an operator's day (test/e2e/kind/suite)"
 # Go, from this machine: kind's nodes are its containers, their QEMUs its

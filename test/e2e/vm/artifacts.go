@@ -474,3 +474,48 @@ func (c *cpioWriter) close() error {
 	}
 	return c.err
 }
+
+// InitrdFile is a file AppendToInitrd adds.
+type InitrdFile struct {
+	Name string // relative to the guest's root, e.g. "kubevirt/script"
+	Mode uint32 // permission bits
+	Data []byte
+}
+
+// AppendToInitrd returns the initramfs at initrd followed by a second
+// archive (newc, gzip'd) holding files and the directories they need.
+// The kernel unpacks both into the same rootfs, in order: a runtime that
+// boots the guest's kernel but gives it no fw_cfg entry (KubeVirt's
+// kernel boot) can carry the guest's script and its own /init this way.
+func AppendToInitrd(initrd string, files []InitrdFile) ([]byte, error) {
+	first, err := os.ReadFile(initrd)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.Write(first)
+	if r := b.Len() % 4; r != 0 { // each archive starts on a 4-byte boundary
+		b.Write(make([]byte, 4-r))
+	}
+	gz, _ := gzip.NewWriterLevel(&b, gzip.BestSpeed)
+	cw := newCpioWriter(gz)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		var parents []string
+		for d := filepath.Dir(f.Name); d != "." && d != "/" && !dirs[d]; d = filepath.Dir(d) {
+			parents = append([]string{d}, parents...)
+			dirs[d] = true
+		}
+		for _, d := range parents {
+			cw.dir(d)
+		}
+		cw.file(f.Name, f.Mode, f.Data)
+	}
+	if err := cw.close(); err != nil {
+		return nil, err
+	}
+	if err := gz.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
