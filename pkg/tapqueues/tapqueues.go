@@ -14,17 +14,10 @@
 package tapqueues
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 // Queue is one open /dev/net/tun file attached to the tap.
@@ -52,91 +45,15 @@ var ErrNotPermitted = errors.New("queues of other processes need CAP_SYS_PTRACE 
 // Find lists the queues of tap in the netns netnsID (tapsetup.NetnsID),
 // by process ID, then fd. Processes that exit meanwhile are left out.
 func Find(netnsID uint64, tap string) ([]Queue, error) {
-	procs, err := os.ReadDir("/proc")
+	all, err := FindAll(map[TapID]bool{{NetnsID: netnsID, Name: tap}: true})
+	found := make([]Queue, len(all))
+	for i, f := range all {
+		found[i] = f.Queue
+	}
 	if err != nil {
-		return nil, err
+		err = fmt.Errorf("tap %q: %w", tap, err)
 	}
-	var found []Queue
-	denied := 0
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		qs, d := inProcess(pid, netnsID, tap)
-		found, denied = append(found, qs...), denied+d
-	}
-	slices.SortFunc(found, func(a, b Queue) int { return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.FD, b.FD)) })
-	if denied > 0 {
-		return found, fmt.Errorf("%d queue(s) of tap %q: %w", denied, tap, ErrNotPermitted)
-	}
-	return found, nil
-}
-
-// inProcess is pid's queues of tap, and how many it could not read (1
-// for a process whose fds it could not list).
-func inProcess(pid int, netnsID uint64, tap string) ([]Queue, int) {
-	files, ok := tunFilesOf(pid)
-	if !ok {
-		return nil, 1
-	}
-	var qs []Queue
-	denied := 0
-	pidfd := -1
-	defer func() {
-		if pidfd >= 0 {
-			unix.Close(pidfd)
-		}
-	}()
-	for _, f := range files {
-		if f.tap != tap {
-			continue
-		}
-		if pidfd < 0 {
-			var err error
-			if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
-				return qs, denied
-			}
-		}
-		q, err := read(pidfd, f.fd, netnsID)
-		switch {
-		case errors.Is(err, unix.EPERM):
-			denied++
-		case err == nil && q != nil:
-			q.PID, q.Command = pid, command(pid)
-			qs = append(qs, *q)
-		}
-	}
-	return qs, denied
-}
-
-// read takes a copy of the process's fd and reads its flags, nil if the
-// tap of that name is in another netns.
-func read(pidfd, fd int, netnsID uint64) (*Queue, error) {
-	dup, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(dup)
-	nsfd, err := unix.IoctlRetInt(dup, unix.TUNGETDEVNETNS)
-	if err != nil {
-		return nil, err
-	}
-	id, err := tapsetup.NetnsIDOf(nsfd)
-	unix.Close(nsfd)
-	if err != nil || id != netnsID {
-		return nil, err
-	}
-	ifr, err := unix.NewIfreq("")
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.IoctlIfreq(dup, unix.TUNGETIFF, ifr); err != nil {
-		return nil, err
-	}
-	flags := ifr.Uint16()
-	return &Queue{FD: fd, Tap: TapFlags{Flags: flags, NAPI: flags&unix.IFF_NAPI != 0, Frags: flags&unix.IFF_NAPI_FRAGS != 0,
-		MultiQueue: flags&unix.IFF_MULTI_QUEUE != 0, VnetHdr: flags&unix.IFF_VNET_HDR != 0}}, nil
+	return found, err
 }
 
 func command(pid int) string {

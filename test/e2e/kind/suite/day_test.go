@@ -176,18 +176,7 @@ func (k *kind) startProbePods(t testing.TB, event string, nodes ...string) map[s
 	names := map[string]string{} // pod: node
 	for i, node := range nodes {
 		name := fmt.Sprintf("probe-%s-%d", event, i)
-		k.apply(t, map[string]any{
-			"apiVersion": "v1", "kind": "Pod",
-			"metadata": map[string]any{"name": name, "namespace": podNamespace,
-				"labels":      map[string]any{"app.kubernetes.io/name": "napitap-kind-probe"},
-				"annotations": map[string]any{"k8s.v1.cni.cncf.io/networks": `[{"name":"napitap-bridge","interface":"net1"}]`}},
-			"spec": map[string]any{
-				"nodeName": node, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
-				"securityContext": map[string]any{"runAsUser": 107, "runAsGroup": 107, "runAsNonRoot": true},
-				"containers": []any{map[string]any{"name": "wait", "image": "ghcr.io/napitap/napitap:e2e",
-					"imagePullPolicy": "IfNotPresent", "command": []string{"/usr/local/bin/napitapctl", "wait"}}},
-			},
-		})
+		k.apply(t, waitingPod(name, node, "napitap-kind-probe"))
 		names[name] = node
 	}
 	return names
@@ -451,14 +440,14 @@ func (k *kind) nodeLoss(t *testing.T, lost string, byNode map[string][]*vmPod) [
 	}
 }
 
-// startKeeper is a restartPolicy Always pod on napitap-bridge, whose
-// sandbox the kubelet recreates after the node comes back.
-func (k *kind) startKeeper(t *testing.T, node string) string {
-	name := "keeper"
-	k.apply(t, map[string]any{
+// waitingPod is a pod on napitap-bridge bound to node, which only waits
+// (napitap's image; its queues held by napitapd, so its ADD needs a
+// serving napitapd). Its restartPolicy is the default, Always.
+func waitingPod(name, node, label string) map[string]any {
+	return map[string]any{
 		"apiVersion": "v1", "kind": "Pod",
 		"metadata": map[string]any{"name": name, "namespace": podNamespace,
-			"labels":      map[string]any{"app.kubernetes.io/name": "napitap-kind-keeper"},
+			"labels":      map[string]any{"app.kubernetes.io/name": label},
 			"annotations": map[string]any{"k8s.v1.cni.cncf.io/networks": `[{"name":"napitap-bridge","interface":"net1"}]`}},
 		"spec": map[string]any{
 			"nodeName": node, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
@@ -466,7 +455,14 @@ func (k *kind) startKeeper(t *testing.T, node string) string {
 			"containers": []any{map[string]any{"name": "wait", "image": "ghcr.io/napitap/napitap:e2e",
 				"imagePullPolicy": "IfNotPresent", "command": []string{"/usr/local/bin/napitapctl", "wait"}}},
 		},
-	})
+	}
+}
+
+// startKeeper is a restartPolicy Always pod on napitap-bridge, whose
+// sandbox the kubelet recreates after the node comes back.
+func (k *kind) startKeeper(t *testing.T, node string) string {
+	name := "keeper"
+	k.apply(t, waitingPod(name, node, "napitap-kind-keeper"))
 	k.waitReady(t, 3*time.Minute, name)
 	return name
 }
