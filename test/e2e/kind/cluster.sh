@@ -21,7 +21,10 @@
 # an explicit set (docs/DESIGN.md facts 26 and 29). Any other failure stops.
 #
 # Environment: KIND_CLUSTER (napitap-kind), KIND_WORKERS (0: one node, the
-# control plane; 2 for three nodes), KIND_NODE_IMAGE, TIMEOUT (a wait, 300 s).
+# control plane; 2 for three nodes), KIND_NODE_IMAGE, TIMEOUT (a wait, 300 s),
+# K8S_VERSION (the node image's Kubernetes, test/e2e/node/build.sh: v1.37.2
+# unless set; before 1.31 the config turns kube-proxy's NFTablesProxyMode
+# gate on and leaves out the kubelet's failCgroupV1).
 # The cluster's kubeconfig is .cache/kind/kubeconfig-<cluster>.
 set -euo pipefail
 
@@ -93,6 +96,9 @@ esac
 
 image=$("$here/nodeimage.sh")
 k8s=$(bash "$root/test/e2e/node/build.sh" --path)
+# The node image's Kubernetes minor (K8S_VERSION, as build.sh reads it).
+k8s_minor=${k8s##*/k8s-v1.}
+k8s_minor=${k8s_minor%%.*}
 kubectl() { "$k8s/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
 say "mode: does docker run --privileged start here?"
@@ -138,6 +144,11 @@ networking:
   disableDefaultCNI: true
   # kube-proxy's image holds Debian's nft, not iptables.
   kubeProxyMode: nftables
+EOF
+	# nftables mode is alpha before 1.31, behind its gate (kind sets every
+	# component's, kube-proxy's too).
+	if ((k8s_minor < 31)); then printf 'featureGates:\n  NFTablesProxyMode: true\n'; fi
+	cat <<EOF
 nodes:
 - role: control-plane
 EOF
@@ -161,9 +172,10 @@ kubeadmConfigPatches:
 # process in container with oom score", every 5 minutes).
 - |
   kind: KubeletConfiguration
-  failCgroupV1: false
-  oomScoreAdj: 0
 EOF
+	# failCgroupV1 is 1.31's.
+	if ((k8s_minor >= 31)); then echo "  failCgroupV1: false"; fi
+	echo "  oomScoreAdj: 0"
 } >"$config"
 
 # kind's entrypoint picks fuse-overlayfs when the node's root is on FUSE (as

@@ -10,8 +10,9 @@
 #   - kind's own base files (entrypoint, units, containerd config), from
 #     the sigs.k8s.io/kind module;
 #   - the Kubernetes binaries test/e2e/node/build.sh builds from the Go
-#     module proxy (v1.37.2), and crictl, CoreDNS and the CNI plugins,
-#     also Go modules;
+#     module proxy (v1.37.2, or K8S_VERSION's release), and crictl, CoreDNS
+#     (the version that release's kubeadm names) and the CNI plugins, also
+#     Go modules;
 #   - images made here from static binaries (test/e2e/kind/imagepack):
 #     pause, kube-apiserver, kube-controller-manager, kube-scheduler,
 #     kube-proxy (with Debian's nft), CoreDNS and etcd, imported into the
@@ -65,16 +66,27 @@ base=$kind_src/images/base/files
 
 # What kubeadm will run, and the sandbox image kind's containerd config names.
 mapfile -t kubeadm_images < <("$k8s/kubeadm" config images list --kubernetes-version "$k8s_version" 2>/dev/null)
-# CoreDNS at the version kubeadm names, from the module proxy.
+# CoreDNS at the version kubeadm names, from the module proxy, one binary
+# per version (another K8S_VERSION's kubeadm names another). Earlier builds
+# kept one in bin/: moved in where it is that version.
 coredns_version=$(printf '%s\n' "${kubeadm_images[@]}" | sed -n 's|.*/coredns:||p')
-gobin coredns "github.com/coredns/coredns@$coredns_version"
+coredns=$cache/coredns-$coredns_version/coredns
+if [ ! -x "$coredns" ]; then
+	mkdir -p "${coredns%/*}"
+	if [ -x "$cache/bin/coredns" ] && "$cache/bin/coredns" -version | grep -qx "CoreDNS-${coredns_version#v}"; then
+		mv "$cache/bin/coredns" "$coredns"
+	else
+		log "go install github.com/coredns/coredns@$coredns_version"
+		GOBIN=${coredns%/*} CGO_ENABLED=0 go install -trimpath -ldflags='-s -w' "github.com/coredns/coredns@$coredns_version"
+	fi
+fi
 sandbox=$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$base/etc/containerd/config.toml")
 etcd_version=$("$k8s/etcd" --version | sed -n 's/^etcd Version: //p')
 
 stamp=$({
 	echo "$packages $suite $kind_version $crictl_version $cni_version ${kubeadm_images[*]} $sandbox $etcd_version"
 	cat "$0" "$here"/node/* "$k8s/stamp"
-	sha256sum "$cache/bin/pause" "$cache/bin/crictl" "$cache/bin/coredns" "$cache/cni-$cni_version"/*
+	sha256sum "$cache/bin/pause" "$cache/bin/crictl" "$coredns" "$cache/cni-$cni_version"/*
 } | sha256sum | cut -c1-16)
 if [ "$(docker image inspect -f '{{index .Config.Labels "napitap.kind.stamp"}}' "$image" 2>/dev/null)" = "$stamp" ]; then
 	log "$image is up to date (stamp $stamp)"
@@ -179,7 +191,7 @@ for ref in "${kubeadm_images[@]}"; do
 	*/kube-proxy:*) pack "$ref" /usr/local/bin/kube-proxy "$k8s/kube-proxy" /usr/sbin/nft ;;
 	*/etcd:*) pack "${ref%:*}:$etcd_version-napitap" /usr/local/bin/etcd "$k8s/etcd" ;;
 	*/pause:*) pack "$ref" /pause "$cache/bin/pause" ;;
-	*/coredns:*) pack "$ref" /coredns "$cache/bin/coredns" ;;
+	*/coredns:*) pack "$ref" /coredns "$coredns" ;;
 	*) log "no image for $ref: what runs it will not start" ;;
 	esac
 done

@@ -18,7 +18,11 @@
 # buildx), the tun module on the host. Environment:
 #   KIND_CLUSTER     cluster name (napitap-e2e); must not exist yet
 #   KIND_NODE_IMAGE  the name nodeimage.sh builds the node image as
-#                    (napitap.local/kind-node:v1.37.2)
+#                    (napitap.local/kind-node:<Kubernetes version>)
+#   K8S_VERSION      the nodes' Kubernetes (and kubectl's), v1.37.2 unless
+#                    set: another release needs its wrapper module
+#                    test/e2e/node/k8sbuild-v1.MINOR (test/e2e/node/build.sh;
+#                    v1.30.14 has one, README.md "Kubernetes 1.30")
 #   KEEP_CLUSTER=1   keep the cluster afterwards, to look around
 #   TIMEOUT          each kubectl wait (180s)
 #   SUITE_RUN        go test -run for the Go suite, e.g.

@@ -10,11 +10,26 @@
 # records both), so a rerun takes well under a second; a first build takes
 # several minutes on 2 cores. `--path` prints the directory on stdout (the
 # test calls that).
+#
+# K8S_VERSION=v1.MINOR.PATCH builds another release instead, through its
+# own wrapper module test/e2e/node/k8sbuild-v1.MINOR (whose go.mod requires
+# exactly that k8s.io/kubernetes), into .cache/k8s-<that version>/; the kind
+# scripts read the same variable (test/e2e/kind/README.md, "Kubernetes
+# 1.30"). Unset, or the default version, changes nothing.
 set -euo pipefail
 version=v1.37.2
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 mod=$here/k8sbuild
+if [ -n "${K8S_VERSION:-}" ] && [ "$K8S_VERSION" != "$version" ]; then
+	version=$K8S_VERSION
+	mod=$here/k8sbuild-${version%.*}
+	[[ $version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || { echo "build.sh: K8S_VERSION=$version is not v1.MINOR.PATCH" >&2; exit 1; }
+	grep -Eq "^[[:space:]]*(require )?k8s\.io/kubernetes $version( |\$)" "$mod/go.mod" 2>/dev/null || {
+		echo "build.sh: K8S_VERSION=$version needs a wrapper module $mod whose go.mod requires k8s.io/kubernetes $version" >&2
+		exit 1
+	}
+fi
 out=$root/.cache/k8s-$version
 bins=(kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler kubeadm kube-proxy etcd)
 
