@@ -125,8 +125,8 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 
 		// While every queue is attached (DESIGN.md fact 9).
 		knobs := tapsetup.NAPIKnobs{Threaded: conf.ThreadedNAPI, GROFlushTimeout: conf.GROFlushTimeout, DeferHardIRQs: conf.NAPIDeferHardIRQs}
-		if err := tapsetup.ApplyNAPIKnobs(args.Netns, conf.TapName, knobs); err != nil {
-			return fmt.Errorf("tap %q: NAPI settings: %w", conf.TapName, err)
+		if err := tapsetup.ApplyNAPIKnobsHere(conf.TapName, knobs); err != nil {
+			return fmt.Errorf("tap %q: NAPI settings: netns %s: %w", conf.TapName, args.Netns, err)
 		}
 
 		// The wiring undoes itself on error, and undoWiring undoes it for a
