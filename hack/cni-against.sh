@@ -7,6 +7,10 @@
 #
 #   hack/cni-against.sh REV [napitap-bench cni flags...]
 #   hack/cni-against.sh HEAD~ --variants b4,d --iterations 200
+#   THIS=abc1234 hack/cni-against.sh abc1234~   (a commit against its parent)
+#
+# "This build" is the work tree's napitap, or with THIS=REV that commit's;
+# the bench, napitapd and the other plugins are always the work tree's.
 #
 # The report (cni.md, with its section "This build against --against's
 # napitap") goes to $OUT, default a temp dir, and to stdout.
@@ -17,7 +21,7 @@ shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
 tmp=$(mktemp -d /tmp/napitap-cni-against.XXXXXX)
-trap 'git -C "$root" worktree remove --force "$tmp/old-src" >/dev/null 2>&1; rm -rf "$tmp/old-src" "$tmp/new" "$tmp/old" "$tmp/bench"' EXIT
+trap 'for w in old-src this-src; do git -C "$root" worktree remove --force "$tmp/$w" >/dev/null 2>&1; done; rm -rf "$tmp/old-src" "$tmp/this-src" "$tmp/new" "$tmp/old" "$tmp/bench"' EXIT
 out=${OUT:-$tmp/out}
 
 export CGO_ENABLED=0 GOWORK=off
@@ -29,8 +33,14 @@ version=$(cd "$root" && go list -m -f '{{.Version}}' "$plugins")
 (cd "$tmp/new" && GOBIN=$tmp/new nice -n 10 go install -trimpath "-ldflags=-s -w" "$plugins/plugins/main/tap@$version")
 git -C "$root" worktree add --detach "$tmp/old-src" "$rev" >/dev/null 2>&1
 (cd "$tmp/old-src" && "${build[@]}" -o "$tmp/old/" ./plugins/napitap)
+this="$(git -C "$root" describe --always --dirty) (work tree)"
+if [ -n "${THIS:-}" ]; then
+	git -C "$root" worktree add --detach "$tmp/this-src" "$THIS" >/dev/null 2>&1
+	(cd "$tmp/this-src" && "${build[@]}" -o "$tmp/new/" ./plugins/napitap)
+	this=$(git -C "$root" rev-parse --short "$THIS")
+fi
 
-echo "this build: $(git -C "$root" describe --always --dirty), against: $(git -C "$root" rev-parse --short "$rev")" >&2
+echo "this build: napitap at $this, against: napitap at $(git -C "$root" rev-parse --short "$rev")" >&2
 cd "$root"
 "$tmp/bench" cni --bin "$tmp/new" --against "$tmp/old/napitap" --bursts '' --variants b4,d --out "$out" "$@"
 echo "report: $out/cni.md" >&2

@@ -679,7 +679,7 @@ func (r *Report) againstMarkdown(p func(string, ...any)) {
 		return
 	}
 	p("## This build against --against's napitap\n\n")
-	p("napitap's own exec in each variant, this build's over the other's (run by turns in every iteration): the ratio of the medians of the whole run, ")
+	p("napitap's own exec in each variant, this build's over the other's (both run in every iteration, trading places every other one): the ratio of the medians of the whole run, ")
 	p("then, in brackets, the lowest and highest ratio of the medians of %d consecutive blocks of iterations.\n\n", againstBlocks)
 	p("| variant | ADD CPU | DEL CPU | ADD wall | DEL wall | ADD CPU p50, this / other | DEL CPU p50, this / other |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|\n")

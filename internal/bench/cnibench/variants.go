@@ -186,7 +186,19 @@ func (b *bench) del(ctx context.Context, v *variant, cid string, result json.Raw
 // longer than that.
 func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 	total := b.opt.warmup + b.opt.iterations
+	partner := twins(vs)
 	for it := range total {
+		// at is the variant in place i of the rotation. A variant and its
+		// --against twin trade places every other iteration: in the
+		// rotation the twin always comes right after it, and what ran just
+		// before (the reference plugin, say) leaves the kernel work (RCU
+		// callbacks, a netdevice's teardown) that the next exec pays for.
+		at := func(i int) int {
+			if p, ok := partner[i]; ok && it%2 == 1 {
+				return p
+			}
+			return i
+		}
 		record := it >= b.opt.warmup
 		adds := make([]chainRun, len(vs))
 		cid := func(v *variant) string { return fmt.Sprintf("napitap-bench-%s-%s-%d", b.suffix, v.res.ID, it) }
@@ -194,7 +206,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 			if err := ctx.Err(); err != nil {
 				return b.unwind(vs, adds, cid, err)
 			}
-			i := (it + k) % len(vs)
+			i := at((it + k) % len(vs))
 			adds[i] = b.add(ctx, vs[i], cid(vs[i]))
 			b.recordAdd(vs[i], cid(vs[i]), adds[i], record)
 		}
@@ -204,7 +216,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 		// DEL in the reverse rotation, so that no variant's DEL always
 		// comes first after the ADDs.
 		for k := range vs {
-			i := (it + len(vs) - 1 - k) % len(vs)
+			i := at((it + len(vs) - 1 - k) % len(vs))
 			del := b.del(ctx, vs[i], cid(vs[i]), adds[i].result)
 			b.recordDel(vs[i], cid(vs[i]), adds[i], del, record)
 		}
@@ -219,6 +231,20 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 		}
 	}
 	return nil
+}
+
+// twins maps the index of each variant that has an --against twin to the
+// twin's, and back.
+func twins(vs []*variant) map[int]int {
+	partner := map[int]int{}
+	for i, v := range vs {
+		for j, w := range vs {
+			if w.res.TwinOf != "" && w.res.TwinOf == v.res.ID {
+				partner[i], partner[j] = j, i
+			}
+		}
+	}
+	return partner
 }
 
 func (b *bench) settle(ctx context.Context) error {
