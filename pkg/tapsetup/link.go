@@ -157,10 +157,15 @@ func creationGroup(owner string) uint32 {
 // unmarked one never outlives its ADD. Any other link is left alone: it is
 // not napitap's, or napitap cannot tell it from one that is not.
 func DeleteLeftovers(owner string) error {
+	return perRequest.DeleteLeftovers(owner)
+}
+
+// DeleteLeftovers is DeleteLeftovers on n's socket.
+func (n *Netlink) DeleteLeftovers(owner string) error {
 	if owner == "" {
 		return errors.New("no mark to tell leftovers by")
 	}
-	links, err := netlinksafe.LinkList()
+	links, err := n.safe().LinkList()
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -182,7 +187,7 @@ func DeleteLeftovers(owner string) error {
 		default:
 			continue
 		}
-		if err := netlink.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+		if err := n.h.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
 			return fmt.Errorf("%s %q: delete: %w", link.Type(), attrs.Name, err)
 		}
 	}
@@ -206,7 +211,12 @@ func (e ExistsError) Is(target error) bool { return target == ErrExists || targe
 // RequireFree fails with an ExistsError when a link called name exists in
 // the current netns.
 func RequireFree(name string) error {
-	link, err := netlinksafe.LinkByName(name)
+	return perRequest.RequireFree(name)
+}
+
+// RequireFree is RequireFree on n's socket.
+func (n *Netlink) RequireFree(name string) error {
+	link, err := n.safe().LinkByName(name)
 	if err == nil {
 		return ExistsError{link.Type(), link.Attrs().Alias}
 	}
@@ -221,7 +231,12 @@ func RequireFree(name string) error {
 // caller made itself. A missing link is success; any other link is left
 // alone and reported with ErrNotTap.
 func DeleteTap(name, owner string) error {
-	link, err := netlinksafe.LinkByName(name)
+	return perRequest.DeleteTap(name, owner)
+}
+
+// DeleteTap is DeleteTap on n's socket.
+func (n *Netlink) DeleteTap(name, owner string) error {
+	link, err := n.safe().LinkByName(name)
 	if err != nil {
 		if isNotFound(err) {
 			return nil
@@ -237,18 +252,18 @@ func DeleteTap(name, owner string) error {
 		}
 		return fmt.Errorf("tap %q: %w of %q: it is marked %q", name, ErrNotTap, owner, alias)
 	}
-	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := n.h.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("tap %q: delete: %w", name, err)
 	}
 	return nil
 }
 
-func deleteLink(name string) error {
-	link, err := netlinksafe.LinkByName(name)
+func (n *Netlink) deleteLink(name string) error {
+	link, err := n.safe().LinkByName(name)
 	if err != nil {
 		return err
 	}
-	return netlink.LinkDel(link)
+	return n.h.LinkDel(link)
 }
 
 func isNotFound(err error) bool {

@@ -17,12 +17,12 @@ const QdiscNoqueue = "noqueue"
 
 // setRootQdisc makes kind the root qdisc of link. Called while the link is
 // down, so that dev_activate finds a qdisc and attaches no default one.
-func setRootQdisc(link netlink.Link, kind string) error {
+func (n *Netlink) setRootQdisc(link netlink.Link, kind string) error {
 	q := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.HANDLE_ROOT},
 		QdiscType:  kind,
 	}
-	if err := netlink.QdiscReplace(q); err != nil {
+	if err := n.h.QdiscReplace(q); err != nil {
 		return fmt.Errorf("root qdisc %s: %w", kind, err)
 	}
 	return nil

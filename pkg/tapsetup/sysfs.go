@@ -45,6 +45,21 @@ func ApplyNAPIKnobs(netnsPath, name string, knobs NAPIKnobs) error {
 	})
 }
 
+// ApplyNAPIKnobsHere is ApplyNAPIKnobs for tap name in the calling
+// thread's netns, for a caller already there (inside ns.Do, as ADD is): the
+// sysfs is mounted from this thread, so no netns is entered and no thread
+// started for it, which were half of what threaded NAPI cost an ADD beside
+// the write itself (issue 46). Where the mount API is missing, the
+// fallback's thread enters this thread's netns.
+func ApplyNAPIKnobsHere(name string, knobs NAPIKnobs) error {
+	if !knobs.Threaded && knobs.GROFlushTimeout == nil && knobs.DeferHardIRQs == nil {
+		return nil
+	}
+	return inThreadNetnsSysfs(func(sys string) error {
+		return applyNAPIKnobsIn(filepath.Join(sys, "class/net", name), knobs)
+	})
+}
+
 // applyNAPIKnobsIn writes knobs into dir, a /sys/class/net/<tap> directory;
 // threaded last, and only ever 1.
 func applyNAPIKnobsIn(dir string, knobs NAPIKnobs) error {
@@ -150,6 +165,18 @@ func inNetnsSysfs(netnsPath string, fn func(sys string) error) error {
 		return fmt.Errorf("netns %s: %w", netnsPath, err)
 	}
 	return nil
+}
+
+// inThreadNetnsSysfs is inNetnsSysfs for the calling thread's netns.
+func inThreadNetnsSysfs(fn func(sys string) error) error {
+	err := detachedSysfs(fn)
+	if errors.Is(err, errNoMountAPI) {
+		// The thread stays locked in its netns (ns.Do) while the fallback's
+		// own thread enters it by this path.
+		self := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+		err = mountedSysfs(self, fn)
+	}
+	return err
 }
 
 // errNoMountAPI marks a kernel, or a seccomp profile, without fsopen,

@@ -89,7 +89,7 @@ func TestATakenTemporaryNameCostsOnlyARetry(t *testing.T) {
 		CloseQueues(queues)
 		return err
 	}
-	makeBridge := func() error { return createMarkedBridge("napitest0", owner, 1500) }
+	makeBridge := func() error { return perRequest.createMarkedBridge("napitest0", owner, 1500) }
 	const squatted = "napi~t000000000"
 	cases := []struct {
 		name    string

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -115,11 +114,16 @@ const MaxQueues = 256
 // tap of an ADD killed half-way either goes with its last queue or carries
 // the mark DeleteLeftovers goes by. Queues stay attached across the rename.
 func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
+	return perRequest.Create(spec)
+}
+
+// Create is Create on n's socket.
+func (n *Netlink) Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	if spec.Queues < 1 || spec.Queues > MaxQueues {
 		return nil, nil, fmt.Errorf("tap %q: %d queues requested, want 1-%d", spec.Name, spec.Queues, MaxQueues)
 	}
 	// Fail before making anything; the rename is what settles a race.
-	if err := RequireFree(spec.Name); err != nil {
+	if err := n.RequireFree(spec.Name); err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	// IFF_TUN_EXCL turns "attach to an existing link" into EBUSY, so the
@@ -137,18 +141,18 @@ func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	defer func() {
 		if err != nil {
 			CloseQueues(queues)
-			_ = deleteLink(name)
+			_ = n.deleteLink(name)
 			tap, queues = nil, nil
 		}
 	}()
 
-	link, err := netlinksafe.LinkByName(temp)
+	link, err := n.safe().LinkByName(temp)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", spec.Name, err)
 	}
 	// Before TUNSETPERSIST: until then the tap goes with its last queue.
 	if spec.Alias != "" {
-		if err = netlink.LinkSetAlias(link, spec.Alias); err != nil {
+		if err = n.h.LinkSetAlias(link, spec.Alias); err != nil {
 			return nil, nil, fmt.Errorf("tap %q: set alias %q: %w", spec.Name, spec.Alias, err)
 		}
 	}
@@ -161,21 +165,21 @@ func Create(spec Spec) (tap *netlink.Tuntap, queues []*os.File, err error) {
 	}
 	queues = append(queues, rest...)
 
-	if err = applyLinkAttrs(link, spec); err != nil {
+	if err = n.applyLinkAttrs(link, spec); err != nil {
 		return nil, nil, err
 	}
 	// Last: the tap is down, so the kernel allows it, and a name taken
 	// meanwhile gives EEXIST and leaves that link alone.
-	if err = netlink.LinkSetName(link, spec.Name); err != nil {
+	if err = n.h.LinkSetName(link, spec.Name); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			if err = RequireFree(spec.Name); err == nil {
+			if err = n.RequireFree(spec.Name); err == nil {
 				err = ErrExists // gone again already
 			}
 		}
 		return nil, nil, fmt.Errorf("tap %q: rename from %q: %w", spec.Name, temp, err)
 	}
 	name = spec.Name
-	if link, err = netlinksafe.LinkByName(name); err != nil {
+	if link, err = n.safe().LinkByName(name); err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", name, err)
 	}
 	tap, ok := link.(*netlink.Tuntap)
@@ -212,24 +216,24 @@ func configureDevice(q *os.File, spec Spec) error {
 	return nil
 }
 
-func applyLinkAttrs(link netlink.Link, spec Spec) error {
+func (n *Netlink) applyLinkAttrs(link netlink.Link, spec Spec) error {
 	if spec.MTU != 0 {
-		if err := netlink.LinkSetMTU(link, spec.MTU); err != nil {
+		if err := n.h.LinkSetMTU(link, spec.MTU); err != nil {
 			return fmt.Errorf("tap %q: set mtu %d: %w", spec.Name, spec.MTU, err)
 		}
 	}
 	if spec.MAC != nil {
-		if err := netlink.LinkSetHardwareAddr(link, spec.MAC); err != nil {
+		if err := n.h.LinkSetHardwareAddr(link, spec.MAC); err != nil {
 			return fmt.Errorf("tap %q: set mac %s: %w", spec.Name, spec.MAC, err)
 		}
 	}
 	if spec.TxQueueLen != nil {
-		if err := netlink.LinkSetTxQLen(link, *spec.TxQueueLen); err != nil {
+		if err := n.h.LinkSetTxQLen(link, *spec.TxQueueLen); err != nil {
 			return fmt.Errorf("tap %q: set txqueuelen %d: %w", spec.Name, *spec.TxQueueLen, err)
 		}
 	}
 	if spec.RootQdisc != "" {
-		if err := setRootQdisc(link, spec.RootQdisc); err != nil {
+		if err := n.setRootQdisc(link, spec.RootQdisc); err != nil {
 			return fmt.Errorf("tap %q: %w", spec.Name, err)
 		}
 	}

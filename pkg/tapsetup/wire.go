@@ -21,18 +21,29 @@ const RedirectPriority = 0x4e41
 // matchall, because u32 is in every kernel config that has mirred. On error
 // it undoes itself.
 func WireRedirect(peerName, tapName string) (err error) {
-	peer, tap, err := linkPair(peerName, tapName)
+	return perRequest.WireRedirect(peerName, tapName)
+}
+
+// WireRedirect is WireRedirect on n's socket.
+func (n *Netlink) WireRedirect(peerName, tapName string) (err error) {
+	peer, tap, err := n.linkPair(peerName, tapName)
 	if err != nil {
 		return err
 	}
+	return n.WireRedirectLinks(peer, tap)
+}
+
+// WireRedirectLinks is WireRedirect for links the caller has looked up
+// already: only their names and indexes count.
+func (n *Netlink) WireRedirectLinks(peer, tap netlink.Link) (err error) {
 	defer func() {
 		if err != nil {
-			_ = UnwireRedirect(peerName)
+			_ = n.UnwireRedirect(peer.Attrs().Name)
 		}
 	}()
 	for _, pair := range [][2]netlink.Link{{peer, tap}, {tap, peer}} {
 		from, to := pair[0], pair[1]
-		if err := ensureClsact(from); err != nil {
+		if err := n.ensureClsact(from); err != nil {
 			return err
 		}
 		// A nil selector is netlink's match-all u32.
@@ -45,7 +56,7 @@ func WireRedirect(peerName, tapName string) (err error) {
 			},
 			Actions: []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
 		}
-		if err := netlink.FilterAdd(filter); err != nil {
+		if err := n.h.FilterAdd(filter); err != nil {
 			return fmt.Errorf("redirect filter %q -> %q: %w", from.Attrs().Name, to.Attrs().Name, err)
 		}
 	}
@@ -53,17 +64,17 @@ func WireRedirect(peerName, tapName string) (err error) {
 }
 
 // linkPair looks up the two ends a wiring joins.
-func linkPair(peerName, tapName string) (peer, tap netlink.Link, err error) {
-	if peer, err = netlinksafe.LinkByName(peerName); err != nil {
+func (n *Netlink) linkPair(peerName, tapName string) (peer, tap netlink.Link, err error) {
+	if peer, err = n.safe().LinkByName(peerName); err != nil {
 		return nil, nil, fmt.Errorf("interface %q: %w", peerName, err)
 	}
-	if tap, err = netlinksafe.LinkByName(tapName); err != nil {
+	if tap, err = n.safe().LinkByName(tapName); err != nil {
 		return nil, nil, fmt.Errorf("tap %q: %w", tapName, err)
 	}
 	return peer, tap, nil
 }
 
-func ensureClsact(link netlink.Link) error {
+func (n *Netlink) ensureClsact(link netlink.Link) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: link.Attrs().Index,
@@ -72,7 +83,7 @@ func ensureClsact(link netlink.Link) error {
 		},
 		QdiscType: "clsact",
 	}
-	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := n.h.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("clsact qdisc on %q: %w", link.Attrs().Name, err)
 	}
 	return nil
@@ -81,14 +92,19 @@ func ensureClsact(link netlink.Link) error {
 // UnwireRedirect removes napitap's filters from peer (the tap's go with the
 // tap) and the clsact qdisc if nothing else uses it. A missing peer is fine.
 func UnwireRedirect(peerName string) error {
-	peer, err := netlinksafe.LinkByName(peerName)
+	return perRequest.UnwireRedirect(peerName)
+}
+
+// UnwireRedirect is UnwireRedirect on n's socket.
+func (n *Netlink) UnwireRedirect(peerName string) error {
+	peer, err := n.safe().LinkByName(peerName)
 	if err != nil {
 		if isNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("interface %q: %w", peerName, err)
 	}
-	filters, err := RedirectFilters(peer)
+	filters, err := n.RedirectFilters(peer)
 	if err != nil {
 		return err
 	}
@@ -100,16 +116,21 @@ func UnwireRedirect(peerName string) error {
 			Priority:  RedirectPriority,
 			Protocol:  unix.ETH_P_ALL,
 		}}
-		if err := netlink.FilterDel(ours); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := n.h.FilterDel(ours); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete redirect filter on %q: %w", peerName, err)
 		}
 	}
-	return removeClsactIfUnused(peer)
+	return n.removeClsactIfUnused(peer)
 }
 
 // RedirectFilters lists napitap's redirect filters on the ingress of link.
 func RedirectFilters(link netlink.Link) ([]*netlink.U32, error) {
-	all, err := netlinksafe.FilterList(link, netlink.HANDLE_MIN_INGRESS)
+	return perRequest.RedirectFilters(link)
+}
+
+// RedirectFilters is RedirectFilters on n's socket.
+func (n *Netlink) RedirectFilters(link netlink.Link) ([]*netlink.U32, error) {
+	all, err := n.safe().FilterList(link, netlink.HANDLE_MIN_INGRESS)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 			return nil, nil // no clsact qdisc
@@ -142,20 +163,20 @@ func RedirectTarget(link netlink.Link) (int, error) {
 	return 0, nil
 }
 
-func removeClsactIfUnused(link netlink.Link) error {
+func (n *Netlink) removeClsactIfUnused(link netlink.Link) error {
 	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-		filters, err := netlinksafe.FilterList(link, parent)
+		filters, err := n.safe().FilterList(link, parent)
 		if err != nil || len(filters) > 0 {
 			return nil // someone else's filters, or no clsact at all
 		}
 	}
-	qdiscs, err := netlinksafe.QdiscList(link)
+	qdiscs, err := n.safe().QdiscList(link)
 	if err != nil {
 		return fmt.Errorf("list qdiscs on %q: %w", link.Attrs().Name, err)
 	}
 	for _, q := range qdiscs {
 		if q.Type() == "clsact" {
-			if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+			if err := n.h.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 				return fmt.Errorf("delete clsact qdisc on %q: %w", link.Attrs().Name, err)
 			}
 		}
@@ -177,26 +198,31 @@ func removeClsactIfUnused(link netlink.Link) error {
 // fails later: it gives the peer back exactly what WireBridge took, which
 // prevResult need not tell (UnwireBridge, for DEL, knows only that).
 func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (undo func() error, err error) {
+	return perRequest.WireBridge(brName, peerName, tapName, newPeerMAC, alias)
+}
+
+// WireBridge is WireBridge on n's socket.
+func (n *Netlink) WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, alias string) (undo func() error, err error) {
 	if alias == "" {
 		return nil, fmt.Errorf("bridge %q: no mark to give it", brName)
 	}
-	peer, tap, err := linkPair(peerName, tapName)
+	peer, tap, err := n.linkPair(peerName, tapName)
 	if err != nil {
 		return nil, err
 	}
-	if err := RequireFree(brName); err != nil {
+	if err := n.RequireFree(brName); err != nil {
 		return nil, fmt.Errorf("bridge %q: %w", brName, err)
 	}
-	if err := createMarkedBridge(brName, alias, peer.Attrs().MTU); err != nil {
+	if err := n.createMarkedBridge(brName, alias, peer.Attrs().MTU); err != nil {
 		return nil, err
 	}
 	oldPeerMAC := slices.Clone(peer.Attrs().HardwareAddr)
 	var removed []netlink.Addr
 	var routes []netlink.Route
 	undo = func() error {
-		err := UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
-		restoreAddrs(peer, removed)
-		restoreRoutes(routes)
+		err := n.UnwireBridge(brName, peerName, PeerIdentity{MAC: oldPeerMAC}, alias)
+		n.restoreAddrs(peer, removed)
+		n.restoreRoutes(routes)
 		return err
 	}
 	defer func() {
@@ -205,26 +231,26 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, a
 			undo = nil
 		}
 	}()
-	br, err := netlinksafe.LinkByName(brName)
+	br, err := n.safe().LinkByName(brName)
 	if err != nil {
 		return nil, fmt.Errorf("bridge %q: %w", brName, err)
 	}
-	if err := netlink.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
+	if err := n.h.LinkSetHardwareAddr(peer, newPeerMAC); err != nil {
 		return nil, fmt.Errorf("interface %q: set mac %s: %w", peerName, newPeerMAC, err)
 	}
 	// Removing the last address takes the routes through the peer along.
-	if routes, err = netlinksafe.RouteList(peer, netlink.FAMILY_ALL); err != nil {
+	if routes, err = n.safe().RouteList(peer, netlink.FAMILY_ALL); err != nil {
 		return nil, fmt.Errorf("interface %q: list routes: %w", peerName, err)
 	}
-	if removed, err = flushAddrs(peer); err != nil {
+	if removed, err = n.flushAddrs(peer); err != nil {
 		return nil, err
 	}
 	for _, port := range []netlink.Link{peer, tap} {
-		if err := netlink.LinkSetMaster(port, br); err != nil {
+		if err := n.h.LinkSetMaster(port, br); err != nil {
 			return nil, fmt.Errorf("bridge %q: add port %q: %w", brName, port.Attrs().Name, err)
 		}
 	}
-	if err := netlink.LinkSetUp(br); err != nil {
+	if err := n.h.LinkSetUp(br); err != nil {
 		return nil, fmt.Errorf("bridge %q: set up: %w", brName, err)
 	}
 	return undo, nil
@@ -232,8 +258,8 @@ func WireBridge(brName, peerName, tapName string, newPeerMAC net.HardwareAddr, a
 
 // flushAddrs removes the peer's global addresses; link-local ones stay, the
 // kernel owns them.
-func flushAddrs(link netlink.Link) (removed []netlink.Addr, err error) {
-	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+func (n *Netlink) flushAddrs(link netlink.Link) (removed []netlink.Addr, err error) {
+	addrs, err := n.addrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("interface %q: list addresses: %w", link.Attrs().Name, err)
 	}
@@ -241,7 +267,7 @@ func flushAddrs(link netlink.Link) (removed []netlink.Addr, err error) {
 		if addr.IP.IsLinkLocalUnicast() {
 			continue
 		}
-		if err := netlink.AddrDel(link, &addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		if err := n.h.AddrDel(link, &addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 			return removed, fmt.Errorf("interface %q: remove address %s: %w", link.Attrs().Name, addr.IPNet, err)
 		}
 		removed = append(removed, addr)
@@ -250,20 +276,20 @@ func flushAddrs(link netlink.Link) (removed []netlink.Addr, err error) {
 }
 
 // restoreAddrs gives back what flushAddrs took, for a failed ADD.
-func restoreAddrs(link netlink.Link, addrs []netlink.Addr) {
+func (n *Netlink) restoreAddrs(link netlink.Link, addrs []netlink.Addr) {
 	for _, addr := range addrs {
-		_ = netlink.AddrAdd(link, &netlink.Addr{IPNet: addr.IPNet})
+		_ = n.h.AddrAdd(link, &netlink.Addr{IPNet: addr.IPNet})
 	}
 }
 
 // restoreRoutes puts back the routes that left with the addresses; the
 // kernel's own come back with the addresses.
-func restoreRoutes(routes []netlink.Route) {
+func (n *Netlink) restoreRoutes(routes []netlink.Route) {
 	for _, r := range routes {
 		if r.Protocol == unix.RTPROT_KERNEL {
 			continue
 		}
-		_ = netlink.RouteReplace(&r)
+		_ = n.h.RouteReplace(&r)
 	}
 }
 
@@ -285,10 +311,10 @@ type PeerRoute struct {
 // temporary name and renames it once marked (see IsTempName). Until the
 // mark is set, the bridge's device group, which the RTM_NEWLINK that makes
 // it can carry, tells DeleteLeftovers whose it is.
-func createMarkedBridge(name, alias string, mtu int) (err error) {
+func (n *Netlink) createMarkedBridge(name, alias string, mtu int) (err error) {
 	temp, err := underTempName(tempBridgePrefix, func(try string) error {
 		attrs := netlink.LinkAttrs{Name: try, MTU: mtu, Group: creationGroup(alias)}
-		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
+		if err := n.h.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
 			return fmt.Errorf("create as %q: %w", try, err)
 		}
 		return nil
@@ -296,25 +322,25 @@ func createMarkedBridge(name, alias string, mtu int) (err error) {
 	if err != nil {
 		return fmt.Errorf("bridge %q: %w", name, err)
 	}
-	br, err := netlinksafe.LinkByName(temp)
+	br, err := n.safe().LinkByName(temp)
 	if err != nil {
-		_ = deleteLink(temp)
+		_ = n.deleteLink(temp)
 		return fmt.Errorf("bridge %q: %w", name, err)
 	}
 	defer func() {
 		if err != nil {
-			_ = netlink.LinkDel(br)
+			_ = n.h.LinkDel(br)
 		}
 	}()
-	if err := netlink.LinkSetAlias(br, alias); err != nil {
+	if err := n.h.LinkSetAlias(br, alias); err != nil {
 		return fmt.Errorf("bridge %q: set alias %q: %w", name, alias, err)
 	}
-	if err := netlink.LinkSetGroup(br, 0); err != nil {
+	if err := n.h.LinkSetGroup(br, 0); err != nil {
 		return fmt.Errorf("bridge %q: set group 0: %w", name, err)
 	}
-	if err := netlink.LinkSetName(br, name); err != nil {
+	if err := n.h.LinkSetName(br, name); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			if err = RequireFree(name); err == nil {
+			if err = n.RequireFree(name); err == nil {
 				err = ErrExists // gone again already
 			}
 		}
@@ -330,10 +356,15 @@ func createMarkedBridge(name, alias string, mtu int) (err error) {
 // not marked so is someone else's: it and the peer are left alone.
 // Everything already gone is fine.
 func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
+	return perRequest.UnwireBridge(brName, peerName, identity, alias)
+}
+
+// UnwireBridge is UnwireBridge on n's socket.
+func (n *Netlink) UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) error {
 	if alias == "" {
 		return fmt.Errorf("bridge %q: no mark to tell it by", brName)
 	}
-	br, err := netlinksafe.LinkByName(brName)
+	br, err := n.safe().LinkByName(brName)
 	if err != nil {
 		if isNotFound(err) {
 			return nil
@@ -343,18 +374,18 @@ func UnwireBridge(brName, peerName string, identity PeerIdentity, alias string) 
 	if _, ok := br.(*netlink.Bridge); !ok || br.Attrs().Alias != alias {
 		return nil
 	}
-	if err := restorePeer(br, peerName, identity); err != nil {
+	if err := n.restorePeer(br, peerName, identity); err != nil {
 		return err
 	}
-	if err := netlink.LinkDel(br); err != nil && !isNotFound(err) {
+	if err := n.h.LinkDel(br); err != nil && !isNotFound(err) {
 		return fmt.Errorf("bridge %q: delete: %w", brName, err)
 	}
 	return nil
 }
 
 // restorePeer takes peer out of br and gives it back identity.
-func restorePeer(br netlink.Link, peerName string, identity PeerIdentity) error {
-	peer, err := netlinksafe.LinkByName(peerName)
+func (n *Netlink) restorePeer(br netlink.Link, peerName string, identity PeerIdentity) error {
+	peer, err := n.safe().LinkByName(peerName)
 	if err != nil {
 		if isNotFound(err) {
 			return nil
@@ -362,30 +393,35 @@ func restorePeer(br netlink.Link, peerName string, identity PeerIdentity) error 
 		return fmt.Errorf("interface %q: %w", peerName, err)
 	}
 	if peer.Attrs().MasterIndex == br.Attrs().Index {
-		if err := netlink.LinkSetNoMaster(peer); err != nil {
+		if err := n.h.LinkSetNoMaster(peer); err != nil {
 			return fmt.Errorf("bridge %q: remove port %q: %w", br.Attrs().Name, peerName, err)
 		}
 	}
 	if identity.MAC != nil && peer.Attrs().HardwareAddr.String() != identity.MAC.String() {
-		if err := netlink.LinkSetHardwareAddr(peer, identity.MAC); err != nil {
+		if err := n.h.LinkSetHardwareAddr(peer, identity.MAC); err != nil {
 			return fmt.Errorf("interface %q: restore mac %s: %w", peerName, identity.MAC, err)
 		}
 	}
-	return AddAddrs(peer, identity.Addrs, identity.Routes)
+	return n.AddAddrs(peer, identity.Addrs, identity.Routes)
 }
 
 // AddAddrs gives link addrs, then routes through it: what a CNI result
 // lists for an interface. Addresses and routes already there are fine.
 func AddAddrs(link netlink.Link, addrs []net.IPNet, routes []PeerRoute) error {
+	return perRequest.AddAddrs(link, addrs, routes)
+}
+
+// AddAddrs is AddAddrs on n's socket.
+func (n *Netlink) AddAddrs(link netlink.Link, addrs []net.IPNet, routes []PeerRoute) error {
 	name := link.Attrs().Name
 	for _, addr := range addrs {
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := n.h.AddrAdd(link, &netlink.Addr{IPNet: &addr}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("interface %q: add address %s: %w", name, addr.String(), err)
 		}
 	}
 	for _, r := range routes {
 		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: r.GW}
-		if err := netlink.RouteReplace(route); err != nil {
+		if err := n.h.RouteReplace(route); err != nil {
 			return fmt.Errorf("interface %q: add route %s: %w", name, r.Dst.String(), err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
@@ -19,7 +20,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -31,6 +31,11 @@ import (
 )
 
 func main() {
+	// One verb is a short run of system calls, one after the other: a
+	// second P only makes the runtime start and wake threads for it (its
+	// GC workers, the spinning Ms that look for work), which cost every
+	// ADD and DEL CPU a burst of pods on a node waits for (issue 46).
+	runtime.GOMAXPROCS(1)
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    cmdAdd,
 		Del:    cmdDel,
@@ -65,9 +70,11 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return types.PrintResult(result, conf.CNIVersion)
 	}
 	// Before IPAM, so that a taken name costs no address; Create and
-	// WireBridge settle a race.
-	if err := netns.Do(func(ns.NetNS) error { return requireNamesFree(conf, args) }); err != nil {
-		return err
+	// WireBridge settle a race. Without IPAM they are the check.
+	if conf.IPAM.Type != "" {
+		if err := netns.Do(func(ns.NetNS) error { return requireNamesFree(conf, args) }); err != nil {
+			return err
+		}
 	}
 
 	var ipamResult *current.Result
@@ -88,11 +95,17 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	var result *current.Result
 	var guestMAC net.HardwareAddr
 	err = netns.Do(func(ns.NetNS) (err error) {
+		// One socket of the pod netns for all of ADD's requests there.
+		nl, err := tapsetup.NewNetlink()
+		if err != nil {
+			return fmt.Errorf("netns %s: %w", args.Netns, err)
+		}
+		defer nl.Close()
 		spec := tapSpec(conf)
 		spec.Alias = tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		var peer netlink.Link
 		if conf.PeerIfName != "" {
-			if peer, err = netlinksafe.LinkByName(conf.PeerIfName); err != nil {
+			if peer, err = nl.LinkByName(conf.PeerIfName); err != nil {
 				return fmt.Errorf("interface %q from prevResult: %w", conf.PeerIfName, err)
 			}
 			if spec.MTU == 0 {
@@ -105,7 +118,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			}
 		}
 
-		created, queues, err := tapsetup.Create(spec)
+		// Name, MAC and MTU, what the result and napitapd are told, are
+		// final once Create returns: nothing below changes them.
+		tap, queues, err := nl.Create(spec)
 		if err != nil {
 			return nameError(conf, args, "tap", err)
 		}
@@ -113,14 +128,14 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		defer tapsetup.CloseQueues(queues)
 		defer func() {
 			if err != nil {
-				_ = tapsetup.DeleteTap(conf.TapName, spec.Alias)
+				_ = nl.DeleteTap(conf.TapName, spec.Alias)
 			}
 		}()
 
 		// While every queue is attached (DESIGN.md fact 9).
 		knobs := tapsetup.NAPIKnobs{Threaded: conf.ThreadedNAPI, GROFlushTimeout: conf.GROFlushTimeout, DeferHardIRQs: conf.NAPIDeferHardIRQs}
-		if err := tapsetup.ApplyNAPIKnobs(args.Netns, conf.TapName, knobs); err != nil {
-			return fmt.Errorf("tap %q: NAPI settings: %w", conf.TapName, err)
+		if err := tapsetup.ApplyNAPIKnobsHere(conf.TapName, knobs); err != nil {
+			return fmt.Errorf("tap %q: NAPI settings: netns %s: %w", conf.TapName, args.Netns, err)
 		}
 
 		// The wiring undoes itself on error, and undoWiring undoes it for a
@@ -128,12 +143,12 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		undoWiring := func() error { return nil }
 		switch conf.Wiring {
 		case config.WiringTCRedirect:
-			if err = tapsetup.WireRedirect(conf.PeerIfName, conf.TapName); err != nil {
+			if err = nl.WireRedirectLinks(peer, tap); err != nil {
 				return fmt.Errorf("netns %s: %w", args.Netns, err)
 			}
-			undoWiring = func() error { return tapsetup.UnwireRedirect(conf.PeerIfName) }
+			undoWiring = func() error { return nl.UnwireRedirect(conf.PeerIfName) }
 		case config.WiringBridge:
-			if undoWiring, err = tapsetup.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC(), spec.Alias); err != nil {
+			if undoWiring, err = nl.WireBridge(conf.Bridge, conf.PeerIfName, conf.TapName, randomMAC(), spec.Alias); err != nil {
 				return nameError(conf, args, "bridge", err)
 			}
 		}
@@ -142,7 +157,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 				_ = undoWiring()
 			}
 		}()
-		if err := netlink.LinkSetUp(created); err != nil {
+		if err := nl.SetUp(tap); err != nil {
 			return fmt.Errorf("tap %q in netns %s: set up: %w", conf.TapName, args.Netns, err)
 		}
 		if ipamResult != nil {
@@ -152,13 +167,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			for _, ipc := range ipamResult.IPs {
 				addrs = append(addrs, ipc.Address)
 			}
-			if err := tapsetup.AddAddrs(created, addrs, routesOf(ipamResult)); err != nil {
+			if err := nl.AddAddrs(tap, addrs, routesOf(ipamResult)); err != nil {
 				return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 			}
-		}
-		tap, err := netlinksafe.LinkByName(conf.TapName)
-		if err != nil {
-			return fmt.Errorf("tap %q in netns %s: %w", conf.TapName, args.Netns, err)
 		}
 		if err := handOff(conf, args, attachmentOf(conf, args, tap, guestMAC), queues); err != nil {
 			return err
@@ -260,23 +271,29 @@ func cmdDel(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS: %s is the plugin's own netns", args.Netns), "")
 	}
 	err = ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
+		// One socket of the pod netns for all of DEL's requests there.
+		nl, err := tapsetup.NewNetlink()
+		if err != nil {
+			return err
+		}
+		defer nl.Close()
 		var guestMAC net.HardwareAddr
 		if peer := conf.PrevSandboxInterface(); peer != nil {
 			guestMAC, _ = net.ParseMAC(peer.Mac)
 		}
-		if err := unwire(conf, args.IfName, guestMAC); err != nil {
+		if err := unwire(nl, conf, args.IfName, guestMAC); err != nil {
 			return err
 		}
 		// Only taps marked as this attachment's: after a failed ADD the
 		// name may well be someone else's (KubeVirt's tap0, say).
 		owner := tapsetup.OwnerAlias(args.ContainerID, args.IfName)
 		for _, name := range tapsToDelete(conf, args.IfName) {
-			if err := tapsetup.DeleteTap(name, owner); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
+			if err := nl.DeleteTap(name, owner); err != nil && !errors.Is(err, tapsetup.ErrNotTap) {
 				return err
 			}
 		}
 		// What an ADD killed before its renames left under temporary names.
-		return tapsetup.DeleteLeftovers(owner)
+		return nl.DeleteLeftovers(owner)
 	})
 	if isGone(err) {
 		return nil // the runtime removed the netns, and the tap with it
@@ -394,16 +411,16 @@ func tapsToDelete(conf *config.Config, ifName string) []string {
 
 // unwire undoes the wiring; a defaulted wiring seen without prevResult may
 // have been tc-redirect on ifName, so its filters go too.
-func unwire(conf *config.Config, ifName string, guestMAC net.HardwareAddr) error {
+func unwire(nl *tapsetup.Netlink, conf *config.Config, ifName string, guestMAC net.HardwareAddr) error {
 	switch conf.Wiring {
 	case config.WiringBridge:
 		identity := tapsetup.PeerIdentity{MAC: guestMAC, Addrs: podAddrs(conf, ifName), Routes: podRoutes(conf)}
-		return tapsetup.UnwireBridge(conf.Bridge, conf.PeerIfName, identity, tapsetup.OwnerAlias(conf.ContainerID(), ifName))
+		return nl.UnwireBridge(conf.Bridge, conf.PeerIfName, identity, tapsetup.OwnerAlias(conf.ContainerID(), ifName))
 	case config.WiringTCRedirect:
-		return tapsetup.UnwireRedirect(conf.PeerIfName)
+		return nl.UnwireRedirect(conf.PeerIfName)
 	}
 	if !conf.WiringGiven && conf.PrevResult == nil {
-		return tapsetup.UnwireRedirect(ifName)
+		return nl.UnwireRedirect(ifName)
 	}
 	return nil
 }

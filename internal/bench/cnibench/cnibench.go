@@ -55,6 +55,11 @@ type options struct {
 	// napitapdNice runs napitapd under nice(1) at that value
 	// (capacity): 0 is as the DaemonSet runs it.
 	napitapdNice int
+	// against is another napitap binary (an earlier commit's): every
+	// napitap variant runs twice, interleaved, once with each.
+	against string
+	// only names the variants to run (the reference always runs).
+	only []string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -66,6 +71,8 @@ func parseFlags(args []string) (*options, error) {
 	bursts := fs.String("bursts", "1,50,200,500", "pods per concurrent burst, comma-separated (empty: no bursts)")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for cni.md and cni-latency.svg")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(binaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
+	fs.StringVar(&o.against, "against", "", "another napitap binary (say, an earlier commit's): each napitap variant also runs with it, interleaved, and the report gives this build's ratios to it")
+	only := fs.String("variants", "", "comma-separated variant ids to run, of a, b, b4, c, d (default: all; a, the reference, always runs)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench cni [flags]   (as root)\n\n"+
 			"ADD/DEL latency and peak RSS: (a) reference tap plugin, (b) napitap 1 plain queue, (b4) napitap 4 NAPI queues,\n"+
@@ -78,6 +85,18 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.against != "" {
+		abs, err := filepath.Abs(o.against)
+		if err != nil || !isExecutable(abs) {
+			return nil, fmt.Errorf("--against %s: not an executable file", o.against)
+		}
+		o.against = abs
+	}
+	for _, id := range strings.Split(*only, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			o.only = append(o.only, id)
+		}
 	}
 	if o.iterations < 1 || o.warmup < 0 || o.settle < 0 {
 		return nil, fmt.Errorf("--iterations must be at least 1, --warmup and --settle at least 0")
@@ -370,6 +389,8 @@ type run struct {
 type invocation struct {
 	Plugin, Command, ContainerID, Netns, IfName string
 	Conf                                        []byte
+	// Exe, if set, is the plugin's binary, else Plugin in the bin dir.
+	Exe string
 }
 
 // exec runs one plugin through the launcher, from the host netns, as
@@ -402,7 +423,11 @@ func (b *bench) request(inv invocation) launch.Req {
 			env = append(env, kv)
 		}
 	}
-	return launch.Req{Argv: []string{filepath.Join(b.binDir, inv.Plugin)}, Env: env, Stdin: inv.Conf}
+	exe := inv.Exe
+	if exe == "" {
+		exe = filepath.Join(b.binDir, inv.Plugin)
+	}
+	return launch.Req{Argv: []string{exe}, Env: env, Stdin: inv.Conf}
 }
 
 // baseEnv is the bench's environment without CNI_* variables.

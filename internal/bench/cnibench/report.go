@@ -25,6 +25,9 @@ type VariantResult struct {
 	Plugins   []string // plugin types, in chain order
 	Config    string   // the plugin configs as the bench wrote them
 	Reference bool     // the baseline the ratios are taken against
+	// TwinOf is, for a variant run with --against's napitap, the id of
+	// the same variant with this build's.
+	TwinOf string
 	// Add and Del time the whole chain; AddSteps and DelSteps each plugin
 	// exec of it alone, in chain order (DEL runs them in reverse).
 	Add, Del                 Series
@@ -321,6 +324,8 @@ func (r *Report) Markdown() string {
 		}
 		p("\n")
 	}
+
+	r.againstMarkdown(p)
 
 	p("## Configs\n\n")
 	for i := range r.Variants {
@@ -649,4 +654,73 @@ func tickLabel(d time.Duration) string {
 
 func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
+
+// againstBlocks is how many consecutive blocks of iterations the spread of
+// an --against ratio is taken over.
+const againstBlocks = 5
+
+// againstMarkdown compares each napitap variant with its twin run with
+// --against's binary: napitap's own exec, CPU (user+sys) and wall, as the
+// ratio of this build's median to the other's over the whole run, and the
+// lowest and highest ratio of the medians of againstBlocks consecutive
+// blocks of iterations, which the load of the machine moves alike for both.
+func (r *Report) againstMarkdown(p func(string, ...any)) {
+	type pair struct{ this, other *VariantResult }
+	var pairs []pair
+	for i := range r.Variants {
+		if tw := &r.Variants[i]; tw.TwinOf != "" {
+			if v := r.Variant(tw.TwinOf); v != nil {
+				pairs = append(pairs, pair{v, tw})
+			}
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	p("## This build against --against's napitap\n\n")
+	p("napitap's own exec in each variant, this build's over the other's (both run in every iteration, trading places every other one): the ratio of the medians of the whole run, ")
+	p("then, in brackets, the lowest and highest ratio of the medians of %d consecutive blocks of iterations.\n\n", againstBlocks)
+	p("| variant | ADD CPU | DEL CPU | ADD wall | DEL wall | ADD CPU p50, this / other | DEL CPU p50, this / other |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	step := func(v *VariantResult, del bool) Series {
+		steps := v.AddSteps
+		if del {
+			steps = v.DelSteps
+		}
+		if i := v.Step("napitap"); i >= 0 && i < len(steps) {
+			return steps[i]
+		}
+		return Series{}
+	}
+	for _, pr := range pairs {
+		cell := func(del, cpu bool) string {
+			a, b := step(pr.this, del).Wall, step(pr.other, del).Wall
+			if cpu {
+				a, b = step(pr.this, del).CPU, step(pr.other, del).CPU
+			}
+			return fmtRatio(Ratio(Percentile(a, 50), Percentile(b, 50))) + " (" + blockRange(a, b) + ")"
+		}
+		p("| %s | %s | %s | %s | %s | %s / %s | %s / %s |\n", pr.this.Label,
+			cell(false, true), cell(true, true), cell(false, false), cell(true, false),
+			fmtDur(Percentile(step(pr.this, false).CPU, 50)), fmtDur(Percentile(step(pr.other, false).CPU, 50)),
+			fmtDur(Percentile(step(pr.this, true).CPU, 50)), fmtDur(Percentile(step(pr.other, true).CPU, 50)))
+	}
+	p("\n")
+}
+
+// blockRange is the lowest and highest ratio of the medians of a and b
+// over againstBlocks consecutive blocks of their samples.
+func blockRange(a, b []time.Duration) string {
+	n := min(len(a), len(b))
+	if n < againstBlocks {
+		return "-"
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for k := range againstBlocks {
+		from, to := k*n/againstBlocks, (k+1)*n/againstBlocks
+		ratio := Ratio(Percentile(a[from:to], 50), Percentile(b[from:to], 50))
+		lo, hi = math.Min(lo, ratio), math.Max(hi, ratio)
+	}
+	return fmtRatio(lo) + "-" + fmtRatio(hi)
 }

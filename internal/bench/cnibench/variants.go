@@ -26,6 +26,7 @@ type variant struct {
 type step struct {
 	typ  string
 	conf map[string]any
+	exe  string // the plugin's binary if not typ in the bin dir (--against)
 }
 
 // stepConf is what libcni would write on the plugin's stdin: the plugin's
@@ -53,11 +54,12 @@ func (b *bench) variants() ([]*variant, error) {
 		"type": "bridge", "bridge": "napibr-" + b.suffix, "isGateway": true,
 		"ipam": map[string]any{"type": "host-local", "subnet": "10.250.0.0/16", "dataDir": filepath.Join(b.tmp, "ipam")},
 	}
-	defs := []struct {
+	type def = struct {
 		id, label, ifName string
 		ref               bool
 		plugins           []map[string]any
-	}{
+	}
+	defs := []def{
 		// The reference creates the same kind of device as (b4): a
 		// multiqueue tap (it opens no queue either way).
 		{"a", "(a) tap plugin (reference)", "tap0", true, []map[string]any{{"type": "tap", "multiQueue": true}}},
@@ -69,24 +71,46 @@ func (b *bench) variants() ([]*variant, error) {
 			napitapConf(4, true, map[string]any{"wiring": "tc-redirect", "handoff": map[string]any{"socket": b.daemon.socket, "required": true}})}},
 	}
 	var out []*variant
-	for _, d := range defs {
+	add := func(d def, twinOf string) error {
 		pod, err := b.newNetNS("pod-" + d.id)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		v := &variant{pod: pod, ifName: d.ifName, res: &VariantResult{ID: d.id, Label: d.label, Reference: d.ref}}
+		v := &variant{pod: pod, ifName: d.ifName, res: &VariantResult{ID: d.id, Label: d.label, Reference: d.ref, TwinOf: twinOf}}
 		for _, p := range d.plugins {
 			typ := p["type"].(string)
-			v.steps = append(v.steps, step{typ: typ, conf: p})
+			s := step{typ: typ, conf: p}
+			if twinOf != "" && typ == "napitap" {
+				s.exe = b.opt.against
+			}
+			v.steps = append(v.steps, s)
 			v.res.Plugins = append(v.res.Plugins, typ)
 		}
 		v.res.AddSteps, v.res.DelSteps = make([]Series, len(v.steps)), make([]Series, len(v.steps))
 		cfg, err := json.Marshal(d.plugins)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		v.res.Config = strings.ReplaceAll(string(cfg), b.tmp, "$TMP")
 		out = append(out, v)
+		return nil
+	}
+	for _, d := range defs {
+		if !d.ref && len(b.opt.only) > 0 && !slices.Contains(b.opt.only, d.id) {
+			continue
+		}
+		if err := add(d, ""); err != nil {
+			return nil, err
+		}
+		if b.opt.against == "" || d.ref {
+			continue
+		}
+		// The same chain with the other napitap, interleaved with it.
+		twin := d
+		twin.id, twin.label = d.id+"-against", d.label+", --against"
+		if err := add(twin, d.id); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -118,7 +142,7 @@ func (b *bench) add(ctx context.Context, v *variant, cid string) chainRun {
 			c.err = err
 			break
 		}
-		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "ADD", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf})
+		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "ADD", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf, Exe: s.exe})
 		c.steps[i] = r
 		c.record(r)
 		if r.Err != nil {
@@ -143,7 +167,7 @@ func (b *bench) del(ctx context.Context, v *variant, cid string, result json.Raw
 			c.err = err
 			continue
 		}
-		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "DEL", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf})
+		r := b.exec(ctx, invocation{Plugin: s.typ, Command: "DEL", ContainerID: cid, Netns: v.pod.Path(), IfName: v.ifName, Conf: conf, Exe: s.exe})
 		c.steps[i] = r
 		c.record(r)
 		if r.Err != nil && c.err == nil {
@@ -162,7 +186,19 @@ func (b *bench) del(ctx context.Context, v *variant, cid string, result json.Raw
 // longer than that.
 func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 	total := b.opt.warmup + b.opt.iterations
+	partner := twins(vs)
 	for it := range total {
+		// at is the variant in place i of the rotation. A variant and its
+		// --against twin trade places every other iteration: in the
+		// rotation the twin always comes right after it, and what ran just
+		// before (the reference plugin, say) leaves the kernel work (RCU
+		// callbacks, a netdevice's teardown) that the next exec pays for.
+		at := func(i int) int {
+			if p, ok := partner[i]; ok && it%2 == 1 {
+				return p
+			}
+			return i
+		}
 		record := it >= b.opt.warmup
 		adds := make([]chainRun, len(vs))
 		cid := func(v *variant) string { return fmt.Sprintf("napitap-bench-%s-%s-%d", b.suffix, v.res.ID, it) }
@@ -170,7 +206,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 			if err := ctx.Err(); err != nil {
 				return b.unwind(vs, adds, cid, err)
 			}
-			i := (it + k) % len(vs)
+			i := at((it + k) % len(vs))
 			adds[i] = b.add(ctx, vs[i], cid(vs[i]))
 			b.recordAdd(vs[i], cid(vs[i]), adds[i], record)
 		}
@@ -180,7 +216,7 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 		// DEL in the reverse rotation, so that no variant's DEL always
 		// comes first after the ADDs.
 		for k := range vs {
-			i := (it + len(vs) - 1 - k) % len(vs)
+			i := at((it + len(vs) - 1 - k) % len(vs))
 			del := b.del(ctx, vs[i], cid(vs[i]), adds[i].result)
 			b.recordDel(vs[i], cid(vs[i]), adds[i], del, record)
 		}
@@ -195,6 +231,20 @@ func (b *bench) interleaved(ctx context.Context, vs []*variant) error {
 		}
 	}
 	return nil
+}
+
+// twins maps the index of each variant that has an --against twin to the
+// twin's, and back.
+func twins(vs []*variant) map[int]int {
+	partner := map[int]int{}
+	for i, v := range vs {
+		for j, w := range vs {
+			if w.res.TwinOf != "" && w.res.TwinOf == v.res.ID {
+				partner[i], partner[j] = j, i
+			}
+		}
+	}
+	return partner
 }
 
 func (b *bench) settle(ctx context.Context) error {
