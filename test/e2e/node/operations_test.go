@@ -431,6 +431,22 @@ func (v *longRunningVM) probePlainHotPlug(c *cluster, h *hotPlug, ds *daemonSetP
 	if n := len(plainQueueLine.FindAllString(logSince(readFile(st.holderLogPath()), h.issued), -1)); n != 2 {
 		t.Errorf("the fd holder logged %d TUNSETIFFs let go on since netdev_add %s, want 2", n, h.id)
 	}
+	// napitapd, once back, counts and names each (the holder hands them
+	// over at its first sync): in any of its container's logs.
+	err = crihelp.Poll(30*time.Second, func() error {
+		logs, _ := filepath.Glob(filepath.Join(filepath.Dir(ds.log), "*.log"))
+		n := 0
+		for _, l := range logs {
+			n += len(napitapdPlainQueueLine.FindAllString(logSince(readFile(l), h.issued), -1))
+		}
+		if n != 2 {
+			return fmt.Errorf("napitapd logged %d plain queues (reason holder_bounded_wait) since netdev_add %s, want 2", n, h.id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
 	pidfd, err := unix.PidfdOpen(v.qemuPid, 0)
 	if err != nil {
 		t.Fatalf("pidfd_open of QEMU, pid %d: %v", v.qemuPid, err)
