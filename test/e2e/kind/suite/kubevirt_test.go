@@ -438,29 +438,9 @@ func (k *kind) logDomainNIC(t *testing.T, c *kvCase, launcher string) {
 
 // kubeVirtQEMU finds, on this machine, the QEMU of a libvirt domain.
 func kubeVirtQEMU(domain string) (int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if filepath.Base(args[0]) == "qemu-system-x86_64" && slices.Contains(args, "guest="+domain+",debug-threads=on") {
-			pids = append(pids, pid)
-		}
-	}
-	if len(pids) != 1 {
-		return 0, fmt.Errorf("QEMUs of domain %s on this machine: %v", domain, pids)
-	}
-	return pids[0], nil
+	return theQEMU("of domain "+domain, func(args []string) bool {
+		return slices.Contains(args, "guest="+domain+",debug-threads=on")
+	})
 }
 
 // launcherOf is the running virt-launcher pod of the VMI.

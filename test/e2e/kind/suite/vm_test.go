@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -279,14 +280,23 @@ func (k *kind) checkNAPIQueues(t testing.TB, p *vmPod) {
 // qemuPidOf finds, on this machine, the QEMU whose -name is name: kind's
 // nodes are containers, their processes this kernel's.
 func qemuPidOf(name string) (int, error) {
+	return theQEMU("named "+name, func(args []string) bool {
+		i := slices.Index(args, "-name")
+		return i >= 0 && i+1 < len(args) && args[i+1] == name
+	})
+}
+
+// theQEMU is the one qemu-system-x86_64 on this machine whose arguments
+// match; what names it in the error.
+func theQEMU(what string, match func(args []string) bool) (int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, err
 	}
 	var pids []int
 	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -294,13 +304,12 @@ func qemuPidOf(name string) (int, error) {
 			continue
 		}
 		args := strings.Split(string(cmdline), "\x00")
-		if len(args) > 0 && filepath.Base(args[0]) == "qemu-system-x86_64" && slices.Contains(args, "-name") &&
-			args[slices.Index(args, "-name")+1] == name {
+		if filepath.Base(args[0]) == "qemu-system-x86_64" && match(args) {
 			pids = append(pids, pid)
 		}
 	}
 	if len(pids) != 1 {
-		return 0, fmt.Errorf("QEMUs named %s on this machine: %v", name, pids)
+		return 0, fmt.Errorf("QEMUs %s on this machine: %v", what, pids)
 	}
 	return pids[0], nil
 }
