@@ -28,6 +28,7 @@ type kind struct {
 	name, kubeconfig, kubectlBin, repo string
 	workers                            []string
 	kernel, initrd                     string // the guest's, in vmmRef's /guest
+	kubeVirtGuestLoaded                bool   // kubeVirtGuestRef built and loaded
 }
 
 var cluster *kind
@@ -144,10 +145,13 @@ func netnsOf(node, sandbox string) (string, error) {
 }
 
 // waitReady waits, at most timeout in all, for the pods to be Ready, and
-// gives up at once on one that failed.
+// gives up at once on one that failed. A terminated container is a
+// failure only where nothing restarts it: a restartPolicy Always pod
+// whose node came back shows its old container terminated (reason
+// Unknown) until the kubelet has started the new one.
 func (k *kind) waitReady(t testing.TB, timeout time.Duration, pods ...string) {
 	t.Helper()
-	const state = `{.status.phase} {.status.conditions[?(@.type=="Ready")].status} {.status.containerStatuses[*].state.terminated.reason}`
+	const state = `{.spec.restartPolicy} {.status.phase} {.status.conditions[?(@.type=="Ready")].status} {.status.containerStatuses[*].state.terminated.reason}`
 	err := poll(timeout, func() error {
 		for _, p := range pods {
 			out, err := k.kubectl("get", "pod", "-n", podNamespace, p, "-o", "jsonpath="+state)
@@ -156,9 +160,10 @@ func (k *kind) waitReady(t testing.TB, timeout time.Duration, pods ...string) {
 			}
 			f := strings.Fields(out)
 			switch {
-			case len(f) > 0 && (f[0] == "Failed" || f[0] == "Succeeded") || len(f) > 2:
+			case len(f) > 1 && (f[1] == "Failed" || f[1] == "Succeeded"),
+				len(f) > 3 && f[0] == "Never":
 				return permanent{fmt.Errorf("pod %s: %s", p, out)}
-			case len(f) < 2 || f[1] != "True":
+			case len(f) < 3 || f[2] != "True":
 				return fmt.Errorf("pod %s: %s", p, out)
 			}
 		}
