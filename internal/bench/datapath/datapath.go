@@ -570,6 +570,7 @@ func run(ctx context.Context, opts options, log io.Writer) (res *Results, err er
 	}()
 	res = &Results{Command: commandLine(opts.Args), Started: time.Now(), Machine: machineInfo(), Settings: settings(opts),
 		Modes: modeNames(opts.Modes), Queues: opts.Queues, Runs: opts.Runs}
+	res.Machine.Costs = measureCosts(b.log, "start")
 	for _, s := range opts.Sizes {
 		res.Sizes = append(res.Sizes, s.Name)
 	}
@@ -602,6 +603,7 @@ func run(ctx context.Context, opts options, log io.Writer) (res *Results, err er
 			return res, fmt.Errorf("threaded NAPI at scale: %w", err)
 		}
 	}
+	res.Machine.CostsAtEnd = measureCosts(b.log, "end")
 	res.Finished = time.Now()
 	return res, nil
 }
@@ -936,6 +938,9 @@ type MachineInfo struct {
 	LoadAvg     string  `json:"loadavg_at_start"`
 	Commit      string  `json:"commit,omitempty"`
 	Virtualized string  `json:"hypervisor,omitempty"`
+	// The costs that predict threaded NAPI's gain, at the run's start and end.
+	Costs      *MachineCosts `json:"costs_at_start,omitempty"`
+	CostsAtEnd *MachineCosts `json:"costs_at_end,omitempty"`
 }
 
 func machineInfo() MachineInfo {

@@ -167,6 +167,12 @@ func (t *table) markdown() string {
 	if m.Commit != "" {
 		p("; commit %s", m.Commit)
 	}
+	if m.Costs != nil {
+		p("\n- Machine costs: %s", m.Costs)
+		if e := m.CostsAtEnd; e != nil {
+			p("; at the end %.2f µs and %.1f µs", e.SyscallUs, e.WakeupRoundUs)
+		}
+	}
 	p("\n- Run %s to %s\n", t.res.Started.Format("2006-01-02 15:04:05 MST"), t.res.Finished.Format("15:04:05"))
 	for _, s := range t.res.Settings {
 		p("- %s\n", s)
@@ -175,6 +181,9 @@ func (t *table) markdown() string {
 		p("- With the cells of another run (sizes %s, queues %v, modes %s; %d runs; %s to %s, load average at start %s):\n\n  ```\n  %s\n  ```\n",
 			strings.Join(r.Sizes, ", "), r.Queues, strings.Join(r.Modes, ", "), r.Runs,
 			r.Started.Format("2006-01-02 15:04 MST"), r.Finished.Format("15:04"), r.Machine.LoadAvg, r.Command)
+		if r.Machine.Costs != nil {
+			p("  - machine: %s\n", r.Machine.Costs)
+		}
 		for _, set := range r.Settings {
 			if !slices.Contains(t.res.Settings, set) {
 				p("  - %s\n", set)
