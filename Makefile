@@ -95,6 +95,7 @@ test: deps-test build tools
 	$(MAKE) deploy-test
 	$(MAKE) lint-workflows
 	$(MAKE) test-arm64
+	$(MAKE) test-kernel
 
 # arm64: the four binaries cross-built, run under qemu-user, and the tests
 # that need no kernel objects (netns, taps, seccomp, which qemu-user does
@@ -214,9 +215,10 @@ fuzz-short:
 	$(GO) test ./pkg/config/ -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME)
 	$(GO) test ./pkg/handoff/ -run '^$$' -fuzz FuzzDecodeRequest -fuzztime $(FUZZTIME)
 
-# The kernel-facing packages' tests in a Debian 12 guest (Linux 6.1) under
-# QEMU TCG, its root filesystem built once into .cache/kernel
-# (test/e2e/kernel/README.md). Not in make test: it takes tens of minutes.
+# The kernel-facing packages' tests, the plugin's, napitapd's and the demo
+# in a Debian 12 guest (Linux 6.1) under QEMU TCG, its root filesystem
+# built once into .cache/kernel (test/e2e/kernel/README.md); the last step
+# of make test (5-10 minutes).
 # KERNEL_PKGS="pkg/peer pkg/tunperm" runs a few; KERNEL_RUN=REGEXP a few tests.
 KERNEL_PKGS ?=
 KERNEL_RUN  ?=

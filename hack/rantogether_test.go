@@ -43,6 +43,17 @@ func TestWhatRanTogetherIsWhatCIRuns(t *testing.T) {
 		"kind":       scriptVar(t, "../test/e2e/kind/nodeimage.sh", "kind_version"),
 		"Linux":      majorMinor(unix.ByteSliceToString(uts.Release[:])),
 	}
+	// make test-kernel's guest: the kernel package rootfs.sh downloads
+	// by default, as apt resolves it today.
+	out, err := exec.Command("apt-cache", "depends", "linux-image-cloud-amd64").Output()
+	if err != nil && os.Getenv("CI") != "" {
+		t.Fatalf("apt-cache depends linux-image-cloud-amd64: %v (hack/deps.sh test fetches the package lists)", err)
+	}
+	if m := regexp.MustCompile(`Depends: linux-image-(\d+\.\d+)`).FindSubmatch(out); m != nil {
+		want["Guest"] = string(m[1])
+	} else if os.Getenv("CI") != "" {
+		t.Fatalf("apt-cache depends linux-image-cloud-amd64 names no kernel:\n%s", out)
+	}
 	for name, pkg := range map[string]string{"containerd": "containerd", "runc": "runc", "crun": "crun", "libvirt": "libvirt-daemon", "QEMU": "qemu-system-x86"} {
 		out, err := exec.Command("dpkg-query", "-W", "-f=${Version}", pkg).Output()
 		if err != nil {

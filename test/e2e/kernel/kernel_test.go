@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/internal/cnitest"
 	"github.com/napitap/napitap/test/e2e/vm"
 )
 
@@ -45,12 +46,24 @@ const (
 var defaultPkgs = []string{
 	"pkg/peer", "pkg/tunperm", "pkg/threadcred", "pkg/tapsetup",
 	"pkg/handoff", "pkg/seccompagent", "pkg/fdstore", "pkg/takeover",
+	"plugins/napitap", "cmd/napitapd", demo,
 }
+
+// demo is hack/demo.sh, the README's main job, run in the guest from a
+// copy of the tree's hack/, examples/ and the binaries make build and
+// make tools put in bin/.
+const demo = "demo"
 
 // prebuilt are the binaries some tests build with go build on the host
 // (internal/cnitest.Build); the guest has no Go toolchain, so they are
 // built here and found through cnitest.PrebuiltEnv (init.sh sets it).
-var prebuilt = []string{"./cmd/napitapd"}
+var prebuilt = append([]string{"./cmd/napitapd", "./plugins/napitap"}, cnitest.ReferencePlugins...)
+
+// demoBinaries are what hack/demo.sh runs from bin/: the Makefile's
+// BINARIES and TOOLS.
+var demoBinaries = []string{"./plugins/napitap", "./cmd/napitapd", "./cmd/napitap-fdstore", "./cmd/napitapctl",
+	"github.com/containernetworking/plugins/plugins/main/bridge", "github.com/containernetworking/plugins/plugins/main/ptp",
+	"github.com/containernetworking/plugins/plugins/ipam/host-local", "github.com/containernetworking/cni/cnitool"}
 
 const module = "github.com/napitap/napitap"
 
@@ -100,6 +113,11 @@ func TestKernel(t *testing.T) {
 	var list strings.Builder
 	var cgoPkgs []string
 	for _, p := range pkgs {
+		if p == demo {
+			stageDemo(t, root, stage)
+			fmt.Fprintf(&list, "%s\t%s\t\n", p, demo)
+			continue
+		}
 		cgo := needsCgo(t, root, p)
 		name := strings.ReplaceAll(p, "/", "_") + ".test"
 		goCmd(t, root, cgo, "test", "-c", "-o", filepath.Join(bin, name), "./"+p)
@@ -122,8 +140,8 @@ func TestKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the tests read from the tree, beside their working directory
-	// (/src/PKG): docs/, and a package's testdata.
-	src := []string{"docs"}
+	// (/src/PKG): docs/, examples/, and a package's testdata.
+	src := []string{"docs", "examples"}
 	for _, p := range pkgs {
 		if _, err := os.Stat(filepath.Join(root, p, "testdata")); err == nil {
 			src = append(src, filepath.Join(p, "testdata"))
@@ -361,6 +379,25 @@ func needsCgo(t *testing.T, root, pkg string) bool {
 		}
 	}
 	return false
+}
+
+// stageDemo puts hack/demo.sh, examples/ and the binaries it runs under
+// the guest's /src/demo, and /tests/bin/demo, which runs it there.
+func stageDemo(t *testing.T, root, stage string) {
+	dir := filepath.Join(stage, "src", demo)
+	if err := os.MkdirAll(filepath.Join(dir, "hack"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"hack/demo.sh", "examples"} {
+		if o, err := exec.Command("cp", "-a", filepath.Join(root, f), filepath.Join(dir, f)).CombinedOutput(); err != nil {
+			t.Fatalf("cp %s: %v: %s", f, err, o)
+		}
+	}
+	goCmd(t, root, false, append([]string{"build", "-o", filepath.Join(dir, "bin") + "/"}, demoBinaries...)...)
+	run := "#!/bin/sh\nexec /src/" + demo + "/hack/demo.sh\n"
+	if err := os.WriteFile(filepath.Join(stage, "tests", "bin", demo), []byte(run), 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func goCmd(t *testing.T, root string, cgo bool, args ...string) {
