@@ -8,11 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
 
+	"github.com/napitap/napitap/pkg/connset"
 	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -51,39 +51,19 @@ func Listen(stateDir string) (*net.UnixListener, error) {
 // Handler resumes) and any later one at its first word: napitapd is
 // stopping, whatever the new one does.
 func Serve(abort context.Context, l *net.UnixListener, h Handler, log *slog.Logger) error {
+	var conns connset.Set // one at a time
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		log.Error("takeover socket: accept failed, retrying", "err", err, "wait", wait)
-	}, func(c *net.UnixConn) { serveConn(abort, l, c, h, log) })
+	}, func(c *net.UnixConn) {
+		tc := conns.Add(abort, c)
+		defer tc.Done()
+		serveConn(l, c, tc, h, log)
+	})
 }
 
-// deadlines sets a connection's deadlines, all of them past once abort is
-// done.
-type deadlines struct {
-	mu      sync.Mutex
-	c       *net.UnixConn
-	aborted bool
-}
-
-func (d *deadlines) set(within time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.aborted {
-		_ = d.c.SetDeadline(time.Now().Add(within))
-	}
-}
-
-func (d *deadlines) abort() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.aborted = true
-	_ = d.c.SetDeadline(time.Unix(1, 0))
-}
-
-func serveConn(abort context.Context, l *net.UnixListener, c *net.UnixConn, h Handler, log *slog.Logger) {
+func serveConn(l *net.UnixListener, c *net.UnixConn, deadline *connset.Conn, h Handler, log *slog.Logger) {
 	defer c.Close()
 	defer unixsock.LogPanic(log, "takeover: panic serving a request")
-	deadline := &deadlines{c: c}
-	defer context.AfterFunc(abort, deadline.abort)()
 	p, err := peer.Connected(c)
 	if err != nil {
 		log.Warn("takeover: refused a peer without credentials", "err", err)
@@ -106,7 +86,7 @@ func serveConn(abort context.Context, l *net.UnixListener, c *net.UnixConn, h Ha
 		log.Warn("takeover: refused by a fault hook (a test build)", "err", err)
 		return
 	}
-	deadline.set(helloTimeout)
+	deadline.Within(helloTimeout)
 	hello, _, err := recv(c, opHello)
 	if err != nil {
 		log.Warn("takeover: no hello", "err", err)
@@ -132,7 +112,7 @@ func serveConn(abort context.Context, l *net.UnixListener, c *net.UnixConn, h Ha
 			h.Resume(files)
 		}
 	}()
-	deadline.set(readyTimeout)
+	deadline.Within(readyTimeout)
 	if err := sendFiles(c, files); err != nil {
 		log.Error("takeover: send", "err", err)
 		return
