@@ -261,21 +261,22 @@ type daemon struct {
 	storeStart sync.Once
 	book       *queueBook
 
-	ss *seccompagent.Server // the seccomp socket's; nil without an agent
-	// stopping is done once stop begins: a takeover still in progress at
-	// its deadline is aborted.
-	stopping      context.Context
-	abortTakeover context.CancelFunc
+	// abort, which every server takes, is done StopGrace after stop
+	// begins (cutOff): the one bound on what peers hold open.
+	abort  context.Context
+	cutOff context.CancelFunc
 }
 
 // StopGrace bounds how long a stop waits for what peers hold open: a
 // takeover in progress (a napitapd's takes a few hundred ms) and a
 // seccomp socket sender that has not sent yet (runc sends at once).
+// Then every connection of every server is cut off, and a takeover in
+// progress fails: the old napitapd resumes, and stops.
 const StopGrace = 2 * time.Second
 
 func newDaemon(o Config, logger *slog.Logger) *daemon {
 	d := &daemon{o: o, mode: o.SocketMode, gid: o.SocketGID, log: logger, handed: make(chan struct{}), failed: make(chan error, 1)}
-	d.stopping, d.abortTakeover = context.WithCancel(context.Background())
+	d.abort, d.cutOff = context.WithCancel(context.Background())
 	d.book = newQueueBook(logger, o.Metrics)
 	if o.FDStore != "" {
 		d.store = &holderStore{m: fdstore.NewMirror(o.FDStore, logger.With("fdstore", o.FDStore)), book: d.book}
@@ -490,13 +491,12 @@ func (d *daemon) serve() {
 			}
 		}
 		d.sDone = make(chan struct{})
-		d.ss = seccompagent.NewServer(d.agent, d.log, seccompagent.Limits{})
 		go func(ss *seccompagent.Server, l *net.UnixListener, done chan struct{}) {
 			defer close(done)
-			if err := ss.Serve(l); err != nil {
+			if err := ss.Serve(d.abort, l); err != nil {
 				d.log.Error("seccomp socket", "path", d.o.SeccompSocket, "err", err)
 			}
-		}(d.ss, d.sl, d.sDone)
+		}(seccompagent.NewServer(d.agent, d.log, seccompagent.Limits{}), d.sl, d.sDone)
 	}
 	if d.agent == nil {
 		// No agent to serve them (--seccomp-socket turned off): the
@@ -518,7 +518,7 @@ func (d *daemon) serve() {
 	d.hDone = make(chan error, 1)
 	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(l) }(d.srv, d.hl, d.hDone)
 	go func(l *net.UnixListener) {
-		if err := takeover.Serve(d.stopping, l, d, d.log); err != nil {
+		if err := takeover.Serve(d.abort, l, d, d.log); err != nil {
 			d.log.Error("takeover socket", "err", err)
 		}
 	}(d.tl)
@@ -642,8 +642,12 @@ func (d *daemon) Handed(files []takeover.File) {
 // napitapd takes everything from the holder. If the whole pod goes, the
 // holder goes with it and the kernel closes the files.
 func (d *daemon) stop() error {
-	deadline := time.Now().Add(StopGrace)
-	d.lockBy(deadline)
+	defer time.AfterFunc(StopGrace, func() {
+		d.log.Warn("stopping: cutting off the peers that did not finish in time", "grace", StopGrace)
+		d.cutOff()
+	}).Stop()
+	// A takeover in progress holds d.mu from Detach to Handed or Resume.
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	select {
 	case <-d.handed:
@@ -662,7 +666,6 @@ func (d *daemon) stop() error {
 	err := <-d.hDone
 	d.srv.Close()
 	if d.sl != nil {
-		d.ss.CloseBy(deadline)
 		d.sl.Close()
 		<-d.sDone
 		d.agent.Close()
@@ -677,27 +680,6 @@ func (d *daemon) stop() error {
 	}
 	d.lock.Close()
 	return err
-}
-
-// lockBy takes d.mu, which a takeover in progress holds from Detach to
-// Handed or Resume: its outcome is awaited until deadline, and then it is
-// aborted (the old napitapd resumes, and stops).
-func (d *daemon) lockBy(deadline time.Time) {
-	locked := make(chan struct{})
-	go func() {
-		d.mu.Lock()
-		close(locked)
-	}()
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	select {
-	case <-locked:
-		return
-	case <-timer.C:
-	}
-	d.log.Warn("stopping: aborting a takeover that did not finish in time", "grace", StopGrace)
-	d.abortTakeover()
-	<-locked
 }
 
 // dup is a close-on-exec copy of f's fd.

@@ -351,7 +351,7 @@ func runAgent() int {
 		return fail("%v", err)
 	}
 	fmt.Println("ready")
-	if err := NewServer(agent, logger, Limits{}).Serve(l); err != nil {
+	if err := NewServer(agent, logger, Limits{}).Serve(context.Background(), l); err != nil {
 		return fail("%v", err)
 	}
 	return 0
@@ -462,7 +462,7 @@ func startAgentConns(t testing.TB, level slog.Level, lim Limits) *testAgent {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- NewServer(agent, logger, lim).Serve(l) }()
+	go func() { done <- NewServer(agent, logger, lim).Serve(context.Background(), l) }()
 	var once sync.Once
 	ta := &testAgent{agent: agent, reg: reg, socket: socket, log: w}
 	ta.stop = func() {

@@ -1,6 +1,7 @@
 package seccompagent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/connset"
 	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -73,10 +74,6 @@ type Server struct {
 	// drops spaces out the log lines about connections refused for the
 	// bound, so that a flood cannot flood the log too.
 	drops unixsock.Every
-
-	mu      sync.Mutex
-	open    map[*net.UnixConn]struct{}
-	closeBy time.Time // set by CloseBy
 }
 
 // Limits bound the connections a Server serves at once; zero fields take
@@ -97,8 +94,7 @@ func NewServer(agent *Agent, logger *slog.Logger, lim Limits) *Server {
 	lim.MaxConnsPerUID = max(1, min(lim.MaxConnsPerUID, lim.MaxConns/2))
 	return &Server{agent: agent, log: logger,
 		conns: unixsock.UIDQuota{Max: lim.MaxConns, MaxPerUID: lim.MaxConnsPerUID},
-		drops: unixsock.Every{Interval: time.Second},
-		open:  map[*net.UnixConn]struct{}{}}
+		drops: unixsock.Every{Interval: time.Second}}
 }
 
 // Listen makes the SOCK_STREAM socket runc dials: stale one removed, mode
@@ -107,10 +103,12 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 	return unixsock.Listen("unix", path, mode, gid)
 }
 
-// Serve accepts senders until l is closed.
-func (s *Server) Serve(l *net.UnixListener) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
+// Serve accepts senders until l is closed, and returns once every
+// connection has ended: at once when abort is done (napitapd is stopping,
+// and a sender that holds its connection open must not hold it up).
+func (s *Server) Serve(abort context.Context, l *net.UnixListener) error {
+	var conns connset.Set
+	defer conns.Wait()
 	return unixsock.Serve(l, func(err error, wait time.Duration) {
 		s.log.Error("seccomp socket accept", "err", err, "retry_in", wait)
 	}, func(conn *net.UnixConn) {
@@ -130,60 +128,23 @@ func (s *Server) Serve(l *net.UnixListener) error {
 			}
 			return
 		}
-		wg.Add(1)
+		c := conns.Add(abort, conn)
 		go func() {
-			defer wg.Done()
+			defer c.Done()
 			defer s.conns.Done(cred.Uid, napitapds)
-			s.serveConn(conn, cred, napitapds)
+			s.serveConn(conn, c, cred, napitapds)
 		}()
 	})
 }
 
-// CloseBy bounds every connection, those being read and any accepted
-// after, to deadline: napitapd is stopping, and a sender that holds its
-// connection open must not hold napitapd up (Serve waits for them all).
-func (s *Server) CloseBy(deadline time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closeBy = deadline
-	for c := range s.open {
-		_ = c.SetDeadline(deadline)
-	}
-}
-
-// track counts conn open, with a read deadline of within from now, or
-// CloseBy's if that comes first.
-func (s *Server) track(conn *net.UnixConn, within time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.open[conn] = struct{}{}
-	s.deadline(conn.SetReadDeadline, within)
-}
-
-func (s *Server) untrack(conn *net.UnixConn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.open, conn)
-}
-
-// deadline sets one of conn's deadlines (call with s.mu held).
-func (s *Server) deadline(set func(time.Time) error, within time.Duration) {
-	t := time.Now().Add(within)
-	if !s.closeBy.IsZero() && s.closeBy.Before(t) {
-		t = s.closeBy
-	}
-	_ = set(t)
-}
-
-func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred, napitapds bool) {
+func (s *Server) serveConn(conn *net.UnixConn, deadline *connset.Conn, cred *unix.Ucred, napitapds bool) {
 	defer conn.Close()
 	defer unixsock.LogPanic(s.log, "seccomp socket: panic serving a sender", "pid", cred.Pid, "uid", cred.Uid)
 	timeout := otherTimeout
 	if cred.Uid == 0 {
 		timeout = rootTimeout
 	}
-	s.track(conn, timeout)
-	defer s.untrack(conn)
+	deadline.ReadWithin(timeout)
 	peer := sender(cred)
 	b, fds, err := readMessage(conn)
 	if err == nil {
@@ -207,9 +168,7 @@ func (s *Server) serveConn(conn *net.UnixConn, cred *unix.Ucred, napitapds bool)
 		ack = "error: " + err.Error()
 	}
 	// runc hangs up without reading; napitapctl launch waits for this.
-	s.mu.Lock()
-	s.deadline(conn.SetWriteDeadline, time.Second)
-	s.mu.Unlock()
+	deadline.WriteWithin(time.Second)
 	_, _ = conn.Write([]byte(ack + "\n"))
 }
 
@@ -381,7 +340,7 @@ func Start(path string, mode os.FileMode, gid int, reg Registry, logger *slog.Lo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := NewServer(agent, logger, Limits{}).Serve(l); err != nil {
+		if err := NewServer(agent, logger, Limits{}).Serve(context.Background(), l); err != nil {
 			logger.Error("seccomp socket", "path", path, "err", err)
 		}
 	}()
