@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -36,7 +37,7 @@ func TestReadyPassesOnlyForTheContainersOwnNapitapd(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
+	go func() { done <- srv.Serve(context.Background(), l) }()
 	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
 
 	tests := []struct {

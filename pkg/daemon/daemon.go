@@ -516,7 +516,7 @@ func (d *daemon) serve() {
 		d.storeStart.Do(d.store.m.Start)
 	}
 	d.hDone = make(chan error, 1)
-	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(l) }(d.srv, d.hl, d.hDone)
+	go func(srv *handoff.Server, l *net.UnixListener, done chan error) { done <- srv.Serve(d.abort, l) }(d.srv, d.hl, d.hDone)
 	go func(l *net.UnixListener) {
 		if err := takeover.Serve(d.abort, l, d, d.log); err != nil {
 			d.log.Error("takeover socket", "err", err)

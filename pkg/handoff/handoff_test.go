@@ -98,7 +98,7 @@ func startDaemon(t testing.TB, stateDir, socket string, mode os.FileMode, config
 	d := &daemon{srv: srv, l: l, socket: socket, stateDir: stateDir, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
-		d.serveErr = srv.Serve(l)
+		d.serveErr = srv.Serve(context.Background(), l)
 	}()
 	t.Cleanup(func() {
 		d.stop()
@@ -1588,7 +1588,7 @@ func TestSocketModeAndGroupAreEnforced(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = srv.Serve(l); close(done) }()
+	go func() { _ = srv.Serve(context.Background(), l); close(done) }()
 	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
 
 	var st unix.Stat_t

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/connset"
 	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/unixsock"
 )
@@ -73,11 +73,7 @@ type connTable struct {
 	refusals unixsock.Every // log lines about refused connections
 	failures unixsock.Every // log lines about failed accepts
 
-	// The connections being served, for Drain.
-	mu       sync.Mutex
-	open     map[*net.UnixConn]struct{}
-	wg       sync.WaitGroup
-	draining bool
+	open connset.Set // the connections being served, for Drain
 }
 
 // listenBacklog bounds the queue of connections napitapd has not accepted

@@ -1,6 +1,7 @@
 package handoff_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,7 +29,7 @@ func TestListPagesThroughManyAttachments(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = srv.Serve(l); close(done) }()
+	go func() { _ = srv.Serve(context.Background(), l); close(done) }()
 	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
 	client := &handoff.Client{Socket: filepath.Join(dir, "napitapd.sock")}
 

@@ -2,6 +2,7 @@ package handoff_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,7 +160,7 @@ func runDaemonHelper(socket, stateDir string) int {
 	signal.Notify(stop, syscall.SIGTERM)
 	go func() { <-stop; l.Close() }()
 	fmt.Println("ready")
-	err = srv.Serve(l)
+	err = srv.Serve(context.Background(), l)
 	srv.Close()
 	if err != nil {
 		logger.Error("Serve", "err", err)
@@ -702,7 +703,7 @@ func TestARequestWhoseCallerHungUpIsNotActedOn(t *testing.T) {
 	tapsetup.CloseQueues(queues)
 
 	done := make(chan struct{})
-	go func() { _ = srv.Serve(l); close(done) }()
+	go func() { _ = srv.Serve(context.Background(), l); close(done) }()
 	t.Cleanup(func() { l.Close(); <-done; srv.Close() })
 	c := &handoff.Client{Socket: socket, Timeout: 10 * time.Second}
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), "caller has hung up"); time.Sleep(10 * time.Millisecond) {

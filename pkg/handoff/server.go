@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/napitap/napitap/pkg/connset"
 	"github.com/napitap/napitap/pkg/peer"
 	"github.com/napitap/napitap/pkg/safefile"
 	"github.com/napitap/napitap/pkg/tapsetup"
@@ -153,7 +155,9 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 // Serve answers connections until l is closed, and returns only then (or
 // at once, with an error, if s.Limits are invalid): napitapd exiting would
 // drop every queue it holds. Connections beyond s.Limits are closed at once.
-func (s *Server) Serve(l *net.UnixListener) error {
+// Once abort is done, every connection, those Drain waits for too, ends at
+// once: napitapd is stopping.
+func (s *Server) Serve(abort context.Context, l *net.UnixListener) error {
 	lim := s.Limits.withDefaults()
 	if err := lim.Validate(); err != nil {
 		return err
@@ -176,16 +180,16 @@ func (s *Server) Serve(l *net.UnixListener) error {
 		if !ok {
 			return
 		}
-		s.conns.track(conn)
+		c := s.conns.open.Add(abort, conn)
 		go func() {
-			defer s.conns.untrack(conn)
+			defer c.Done()
 			defer s.conns.quota.Done(uid, napitapds)
-			s.serveConn(conn)
+			s.serveConn(conn, c)
 		}()
 	})
 }
 
-func (s *Server) serveConn(conn *net.UnixConn) {
+func (s *Server) serveConn(conn *net.UnixConn, deadline *connset.Conn) {
 	defer conn.Close()
 	defer unixsock.LogPanic(s.log, "panic serving a connection")
 	cred, err := peer.Connected(conn)
@@ -196,11 +200,9 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 	defer cred.Close()
 	for {
 		// A peer that keeps a connection open and says nothing holds a
-		// goroutine and an fd; let it go after a while.
-		_ = conn.SetReadDeadline(time.Now().Add(idleTimeout))
-		if s.conns.isDraining() {
-			return // after the deadline: see Drain
-		}
+		// goroutine and an fd; let it go after a while. Once drained or
+		// aborted the deadline is past, and the read fails without trying.
+		deadline.ReadWithin(idleTimeout)
 		b, files, err := recvMsg(conn)
 		if errors.Is(err, io.EOF) {
 			return
@@ -233,7 +235,7 @@ func (s *Server) serveConn(conn *net.UnixConn) {
 		case resp.Error != nil:
 			s.log.Warn("refused", "pid", cred.Pid, "uid", cred.UID, "gid", cred.GID, "code", resp.Error.Code, "err", resp.Error.Message)
 		}
-		_ = conn.SetWriteDeadline(time.Now().Add(sendTimeout))
+		deadline.WriteWithin(sendTimeout)
 		err = sendMsg(conn, resp, out)
 		// After the answer, so that a DEL goes on meanwhile; before this
 		// connection closes, so that whoever waits for it to close finds

@@ -3,9 +3,7 @@ package handoff
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -16,44 +14,11 @@ import (
 // (Drain) and hands its queue fds over (TakeHeld); the new one loads the
 // same state dir (NewServer) and holds them again (AdoptHeld).
 
-func (t *connTable) track(c *net.UnixConn) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.open == nil {
-		t.open = map[*net.UnixConn]struct{}{}
-	}
-	t.open[c] = struct{}{}
-	t.wg.Add(1)
-}
-
-func (t *connTable) untrack(c *net.UnixConn) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.open, c)
-	t.wg.Done()
-}
-
-func (t *connTable) isDraining() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.draining
-}
-
 // Drain ends every connection once the request it is serving is answered,
 // and returns when all have ended. Call it once Serve has returned. A
 // caller whose request was not read yet sees a hang-up, which Client
 // retries (on the next napitapd, after a takeover).
-func (s *Server) Drain() {
-	s.conns.mu.Lock()
-	s.conns.draining = true
-	for c := range s.conns.open {
-		// Wakes a connection waiting for a request; serveConn sets its
-		// deadline before it looks at draining, so none is missed.
-		_ = c.SetReadDeadline(time.Unix(1, 0))
-	}
-	s.conns.mu.Unlock()
-	s.conns.wg.Wait()
-}
+func (s *Server) Drain() { s.conns.open.Drain() }
 
 // TakeHeld hands over every queue fd the server holds, per attachment,
 // for a takeover: the server holds none afterwards, and Close leaves them

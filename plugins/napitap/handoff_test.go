@@ -42,7 +42,7 @@ func startNapitapd(t testing.TB, stateDir string) *napitapd {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = d.srv.Serve(l); close(done) }()
+	go func() { _ = d.srv.Serve(context.Background(), l); close(done) }()
 	d.stop = func() { l.Close(); <-done; d.srv.Close() }
 	t.Cleanup(func() { d.stop() })
 	return d
