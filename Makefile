@@ -143,7 +143,7 @@ e2e-node: deps-test deps-image build tools
 
 # kind, Multus and the DaemonSet, offline: three nodes of the node image
 # below, a pod on each worker (test/e2e/kind/run.sh); root and a Docker engine.
-e2e-kind: deps-kind
+e2e-kind: deps-kind deps-kubevirt
 	./test/e2e/kind/run.sh
 
 # The kind node image, built offline into .cache/kind (test/e2e/kind/nodeimage.sh).

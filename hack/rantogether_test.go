@@ -41,6 +41,7 @@ func TestWhatRanTogetherIsWhatCIRuns(t *testing.T) {
 		"Kubernetes": scriptVar(t, "../test/e2e/node/build.sh", "version"),
 		"Multus":     scriptVar(t, "../test/e2e/node/multus.sh", "version"),
 		"kind":       scriptVar(t, "../test/e2e/kind/nodeimage.sh", "kind_version"),
+		"KubeVirt":   scriptVar(t, "../test/e2e/kind/kubevirt/images.sh", "version"),
 		"Linux":      majorMinor(unix.ByteSliceToString(uts.Release[:])),
 	}
 	// make test-kernel's guest: the kernel package rootfs.sh downloads

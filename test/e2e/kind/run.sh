@@ -27,11 +27,12 @@
 #   TIMEOUT          each kubectl wait (180s)
 #   SUITE_RUN        go test -run for the Go suite, e.g.
 #                    'Day/^VM_pods' for its first step alone
-#   KUBEVIRT=1       also KubeVirt v1.7.0 (make kubevirt-images: built
+#   KUBEVIRT=0       leaves KubeVirt out; by default (1) run.sh also
+#                    runs KubeVirt v1.7.0 (make kubevirt-images: built
 #                    offline, loaded, installed from its operator and CR
 #                    manifests with useEmulation and napitap's patch,
 #                    deploy/kubevirt/kubevirt-patch.yaml), and the suite's
-#                    KubeVirt test (NAPITAP_KIND_KUBEVIRT=1) before the rest
+#                    KubeVirt tests (NAPITAP_KIND_KUBEVIRT=1) before the rest
 #   KUBEVIRT_TIMEOUT the KubeVirt CR's Available condition (600s)
 #   KUBEVIRT_RUN     go test -run for the KubeVirt test (^TestKubeVirt);
 #                    SUITE_RUN='^TestKubeVirt' then skips the rest
@@ -47,9 +48,9 @@ export KIND_WORKERS=2
 cluster=$KIND_CLUSTER
 keep=${KEEP_CLUSTER:-0}
 timeout=${TIMEOUT:-180s}
-kubevirt=${KUBEVIRT:-0}
+kubevirt=${KUBEVIRT:-1}
 kubevirt_timeout=${KUBEVIRT_TIMEOUT:-600s}
-kv= # .cache/kubevirt-v1.7.0, with KUBEVIRT=1
+kv= # .cache/kubevirt-v1.7.0, unless KUBEVIRT=0
 image=ghcr.io/napitap/napitap:e2e
 socket=/run/napitap/napitapd.sock
 cache=$root/.cache/kind
@@ -322,7 +323,7 @@ for pod in "${pods[@]}"; do
 done
 
 if [ "$kubevirt" = 1 ]; then
-	phase "suite: KubeVirt VMs on napitap networks (TestKubeVirt)"
+	phase "suite: KubeVirt VMs on napitap networks and through an operator's day (TestKubeVirt)"
 	# Before the operator's day, which drains a worker and stops the other.
 	if ! NAPITAP_KIND_SUITE=1 NAPITAP_KIND_KUBEVIRT=1 KUBECONFIG="$kubeconfig" KUBECTL="$k8s/kubectl" \
 		KUBEVIRT_DIR="$kv" go test -count=1 -v -timeout "${SUITE_TIMEOUT:-45m}" -run "${KUBEVIRT_RUN:-^TestKubeVirt}" ./test/e2e/kind/suite/; then

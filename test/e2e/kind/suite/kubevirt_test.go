@@ -20,7 +20,7 @@ import (
 	"github.com/napitap/napitap/test/e2e/vm"
 )
 
-// The KubeVirt test: KubeVirt v1.7.0 as run.sh installs it with KUBEVIRT=1
+// The KubeVirt test: KubeVirt v1.7.0 as run.sh installs it (unless KUBEVIRT=0)
 // (make kubevirt-images, its operator and CR, useEmulation, napitap's
 // patch deploy/kubevirt/kubevirt-patch.yaml), and VirtualMachines whose
 // one NIC is on a napitap network through Multus, bound with napitap's
@@ -59,6 +59,9 @@ type kvCase struct {
 	napi       bool
 	vcpus      int
 	ip, mac    string
+	// podNetwork: also the pod network, bound with masquerade, as most
+	// VMs have it; KubeVirt migrates only a VMI that has it.
+	podNetwork bool
 }
 
 // TestKubeVirtVMsOnNapitapNetworks runs a VirtualMachine on a napitap
@@ -68,33 +71,13 @@ type kvCase struct {
 // worker's napitap pod, shows virt-launcher's QEMU holding the tap's
 // queues with NAPI (without, for the control).
 func TestKubeVirtVMsOnNapitapNetworks(t *testing.T) {
-	if os.Getenv("NAPITAP_KIND_KUBEVIRT") != "1" {
-		// Not asked for: run.sh sets it with KUBEVIRT=1, which installs
-		// KubeVirt. Asked for, nothing below skips.
-		t.Skip("KubeVirt is installed only by KUBEVIRT=1 test/e2e/kind/run.sh (KUBEVIRT=1 make e2e-kind)")
-	}
 	k := cluster
 	start := time.Now()
-	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, "-l", "app.kubernetes.io/name="+kubeVirtLabel, "--wait=true", "--timeout=180s", "--ignore-not-found")
-	out := k.kubectlMust(t, "get", "kubevirt", "-n", "kubevirt", "kubevirt", "-o",
-		`jsonpath={.status.phase} {.status.observedKubeVirtVersion} {.spec.configuration.developerConfiguration.useEmulation} {.spec.configuration.network.binding.napitap.domainAttachmentType} {.spec.configuration.seccompConfiguration.virtualMachineInstanceProfile.customProfile.localhostProfile}`)
-	if f := strings.Fields(out); len(f) != 5 || f[0] != "Deployed" || f[2] != "true" || f[3] != "tap" || f[4] != "napitap/virt-launcher.json" {
-		t.Fatalf("KubeVirt CR: phase, version, useEmulation, napitap binding, profile = %q; want Deployed, useEmulation true, napitap's patch", out)
-	}
-	t.Logf("KubeVirt CR: phase, version, useEmulation, binding napitap, virt-launcher profile: %s", out)
-	for _, w := range k.workers {
-		if _, err := onNode(w, "test", "-e", "/dev/vhost-net"); err == nil {
-			t.Logf("worker %s has /dev/vhost-net", w)
-		} else {
-			t.Logf("worker %s has no /dev/vhost-net", w)
-		}
-	}
-	k.buildKubeVirtGuestImage(t)
+	k.kubeVirtReady(t)
 
 	// The shipped NAD (4 queues, NAPI) and copies of it: one queue, for a
 	// VM without multiqueue (the modes must match, the counts need not);
 	// and each with napi false, the control.
-	k.kubectlMust(t, "apply", "-n", podNamespace, "-f", filepath.Join(k.repo, "deploy", "kubevirt", "nad.yaml"))
 	nads := map[string]func(map[string]any){
 		"napitap-kubevirt-1q":        func(p map[string]any) { p["queues"] = 1 },
 		"napitap-kubevirt-nonapi":    func(p map[string]any) { p["napi"] = false },
@@ -107,19 +90,58 @@ func TestKubeVirtVMsOnNapitapNetworks(t *testing.T) {
 		})
 	}
 
-	w := k.workers[0]
 	cases := []kvCase{
 		{name: "kv-napi-1q", nad: "napitap-kubevirt-1q", napi: true, vcpus: 2},
 		{name: "kv-nonapi-1q", nad: "napitap-kubevirt-1q-nonapi", napi: false, vcpus: 2},
 		{name: "kv-napi-mq", nad: "napitap-kubevirt", multiqueue: true, napi: true, vcpus: 2},
 		{name: "kv-nonapi-mq", nad: "napitap-kubevirt-nonapi", multiqueue: true, napi: false, vcpus: 2},
 	}
-	for i := range cases {
-		c := &cases[i]
-		c.ip, c.mac = fmt.Sprintf("10.198.0.%d/24", 230+i), fmt.Sprintf("02:00:0a:c6:00:%02x", 230+i)
-		t.Run(c.name, func(t *testing.T) { k.runKubeVirtVM(t, w, c) })
-	}
+	// The VMs boot side by side, spread over both workers: most of a
+	// VM's minutes are KubeVirt's and the TCG guest's waits.
+	t.Run("VMs", func(t *testing.T) {
+		for i := range cases {
+			c := &cases[i]
+			c.ip, c.mac = fmt.Sprintf("10.198.0.%d/24", 230+i), fmt.Sprintf("02:00:0a:c6:00:%02x", 230+i)
+			w := k.workers[i%len(k.workers)]
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				k.runKubeVirtVM(t, w, c)
+			})
+		}
+	})
 	t.Logf("KubeVirt test in %v", time.Since(start).Round(time.Second))
+}
+
+// kubeVirtReady fails the test unless run.sh installed KubeVirt with
+// napitap's patch; it leaves no VM of an earlier run, the guest's image
+// loaded and deploy/kubevirt/nad.yaml applied.
+func (k *kind) kubeVirtReady(t *testing.T) {
+	t.Helper()
+	if os.Getenv("NAPITAP_KIND_KUBEVIRT") != "1" {
+		// Not asked for: run.sh sets it unless KUBEVIRT=0, which installs no
+		// KubeVirt. Asked for, nothing below skips.
+		t.Skip("KubeVirt is installed by test/e2e/kind/run.sh (make e2e-kind), unless KUBEVIRT=0")
+	}
+	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, "-l", "app.kubernetes.io/name="+kubeVirtLabel, "--wait=true", "--timeout=180s", "--ignore-not-found")
+	out := k.kubectlMust(t, "get", "kubevirt", "-n", "kubevirt", "kubevirt", "-o",
+		`jsonpath={.status.phase} {.status.observedKubeVirtVersion} {.spec.configuration.developerConfiguration.useEmulation} {.spec.configuration.network.binding.napitap.domainAttachmentType} {.spec.configuration.seccompConfiguration.virtualMachineInstanceProfile.customProfile.localhostProfile}`)
+	if f := strings.Fields(out); len(f) != 5 || f[0] != "Deployed" || f[2] != "true" || f[3] != "tap" || f[4] != "napitap/virt-launcher.json" {
+		t.Fatalf("KubeVirt CR: phase, version, useEmulation, napitap binding, profile = %q; want Deployed, useEmulation true, napitap's patch", out)
+	}
+	if k.kubeVirtGuestLoaded {
+		return
+	}
+	t.Logf("KubeVirt CR: phase, version, useEmulation, binding napitap, virt-launcher profile: %s", out)
+	for _, w := range k.workers {
+		if _, err := onNode(w, "test", "-e", "/dev/vhost-net"); err == nil {
+			t.Logf("worker %s has /dev/vhost-net", w)
+		} else {
+			t.Logf("worker %s has no /dev/vhost-net", w)
+		}
+	}
+	k.buildKubeVirtGuestImage(t)
+	k.kubectlMust(t, "apply", "-n", podNamespace, "-f", filepath.Join(k.repo, "deploy", "kubevirt", "nad.yaml"))
+	k.kubeVirtGuestLoaded = true
 }
 
 // kubeVirtNAD is deploy/kubevirt/nad.yaml under another name, its napitap
@@ -221,6 +243,18 @@ func (k *kind) buildKubeVirtGuestImage(t *testing.T) {
 func (k *kind) kubeVirtVM(node string, c *kvCase) map[string]any {
 	args := vm.KernelCmdline(vm.Guest{IP: c.ip, Gateway: gateway, MAC: c.mac})
 	args = strings.Replace(args, "rdinit=/init", "rdinit=/kubevirt/init", 1)
+	interfaces := []any{map[string]any{"name": kubeVirtNetwork,
+		"binding": map[string]any{"name": "napitap"}, "macAddress": c.mac}}
+	networks := []any{map[string]any{"name": kubeVirtNetwork,
+		"multus": map[string]any{"networkName": c.nad}}}
+	if c.podNetwork {
+		interfaces = append(interfaces, map[string]any{"name": "default", "masquerade": map[string]any{}})
+		networks = append(networks, map[string]any{"name": "default", "pod": map[string]any{}})
+	}
+	var nodeSelector map[string]any
+	if node != "" {
+		nodeSelector = map[string]any{"kubernetes.io/hostname": node}
+	}
 	return map[string]any{
 		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
 		"metadata": map[string]any{"name": c.name, "namespace": podNamespace,
@@ -230,7 +264,7 @@ func (k *kind) kubeVirtVM(node string, c *kvCase) map[string]any {
 			"template": map[string]any{
 				"metadata": map[string]any{"labels": map[string]any{"app.kubernetes.io/name": kubeVirtLabel}},
 				"spec": map[string]any{
-					"nodeSelector":                  map[string]any{"kubernetes.io/hostname": node},
+					"nodeSelector":                  nodeSelector,
 					"terminationGracePeriodSeconds": 5,
 					"domain": map[string]any{
 						"cpu":    map[string]any{"cores": c.vcpus},
@@ -245,16 +279,20 @@ func (k *kind) kubeVirtVM(node string, c *kvCase) map[string]any {
 							"logSerialConsole":           true,
 							"autoattachGraphicsDevice":   false,
 							"autoattachMemBalloon":       false,
-							"interfaces": []any{map[string]any{"name": kubeVirtNetwork,
-								"binding": map[string]any{"name": "napitap"}, "macAddress": c.mac}},
+							"interfaces":                 interfaces,
 						},
 					},
-					"networks": []any{map[string]any{"name": kubeVirtNetwork,
-						"multus": map[string]any{"networkName": c.nad}}},
+					"networks": networks,
 				},
 			},
 		},
 	}
+}
+
+// kvRun is where a VMI of a case runs: its node, virt-launcher pod and
+// that pod's sandbox.
+type kvRun struct {
+	node, launcher, sandbox string
 }
 
 // runKubeVirtVM starts the case's VM on node, waits for its VMI to run,
@@ -266,7 +304,23 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 	t.Cleanup(func() {
 		k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
 	})
-	// The VMI Running, or what KubeVirt says instead.
+	r := k.waitKubeVirtVMI(t, c, "")
+	k.waitGuestPings(t, c, r, 2)
+	k.checkKubeVirtQueues(t, c, r, kubeVirtNetwork)
+	k.logTUNSETIFFCallers(t, c, r)
+	t.Logf("VM %s: Running, pinging, queues checked in %v", c.name, time.Since(start).Round(time.Second))
+
+	// Deleted, the VM leaves napitapd nothing of its attachment.
+	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
+	k.waitAttachmentGone(t, r)
+	t.Logf("VM %s deleted: napitapd on %s holds nothing of sandbox %.12s", c.name, r.node, r.sandbox)
+}
+
+// waitKubeVirtVMI waits for the case's VMI to run (and, given notOn, on
+// another node than that), and gives the node's napitap0 the gateway.
+func (k *kind) waitKubeVirtVMI(t *testing.T, c *kvCase, notOn string) kvRun {
+	t.Helper()
+	start := time.Now()
 	var phase string
 	err := poll(6*time.Minute, func() error {
 		out, err := k.kubectl("get", "vmi", "-n", podNamespace, c.name, "-o",
@@ -276,67 +330,85 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 		}
 		phase = out
 		switch f := strings.Fields(out); {
-		case len(f) > 0 && f[0] == "Running":
+		case len(f) > 1 && f[0] == "Running" && f[1] != notOn:
 			return nil
 		case len(f) > 0 && (f[0] == "Failed" || f[0] == "Succeeded"):
 			return permanent{fmt.Errorf("VMI %s: %s", c.name, out)}
 		}
-		return fmt.Errorf("VMI %s: phase %q", c.name, out)
+		return fmt.Errorf("VMI %s: phase and node %q", c.name, out)
 	})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, k.kubeVirtDiagnostics(c.name))
 	}
-	launcher, err := k.launcherOf(c.name)
-	if err != nil {
+	var r kvRun
+	r.node = strings.Fields(phase)[1]
+	if r.launcher, err = k.launcherOf(c.name); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("VMI %s Running (%s) in %v; virt-launcher pod %s", c.name, phase, time.Since(start).Round(time.Second), launcher)
+	t.Logf("VMI %s Running on %s in %v; virt-launcher pod %s", c.name, r.node, time.Since(start).Round(time.Second), r.launcher)
 	domIf, _ := k.kubectl("get", "vmi", "-n", podNamespace, c.name, "-o", `jsonpath={.status.interfaces}`)
 	t.Logf("VMI %s status.interfaces: %s", c.name, domIf)
-
-	k.logDomainNIC(t, c, launcher)
-
-	sandbox, err := sandboxOf(node, launcher)
-	if err != nil || sandbox == "" {
-		t.Fatalf("virt-launcher pod %s: sandbox %q on %s: %v", launcher, sandbox, node, err)
+	k.logDomainNIC(t, c, r.launcher)
+	if r.sandbox, err = sandboxOf(r.node, r.launcher); err != nil || r.sandbox == "" {
+		t.Fatalf("virt-launcher pod %s: sandbox %q on %s: %v", r.launcher, r.sandbox, r.node, err)
 	}
-	if err := addGateway(node); err != nil {
+	if err := addGateway(r.node); err != nil {
 		t.Fatal(err)
 	}
-	// The guest's console, from virt-launcher's guest-console-log
-	// container.
+	return r
+}
+
+// guestPings counts the answers the guest logged on its console, from
+// virt-launcher's guest-console-log container.
+func (k *kind) guestPings(r kvRun) (int, string, error) {
+	log, err := k.kubectl("logs", "-n", podNamespace, r.launcher, "-c", "guest-console-log")
+	if err != nil {
+		return 0, log, err
+	}
+	if strings.Contains(log, vm.MarkerError) {
+		return 0, log, permanent{fmt.Errorf("the guest failed")}
+	}
+	return strings.Count(log, "PING-OK"), log, nil
+}
+
+// waitGuestPings waits for the guest on r to have logged at least n
+// answers from the gateway, and returns how many it has.
+func (k *kind) waitGuestPings(t *testing.T, c *kvCase, r kvRun, n int) int {
+	t.Helper()
+	var got int
 	var log string
-	err = poll(5*time.Minute, func() error {
+	err := poll(5*time.Minute, func() error {
 		var err error
-		log, err = k.kubectl("logs", "-n", podNamespace, launcher, "-c", "guest-console-log")
-		if err != nil {
+		if got, log, err = k.guestPings(r); err != nil {
 			return err
 		}
-		if strings.Contains(log, vm.MarkerError) {
-			return permanent{fmt.Errorf("the guest failed")}
-		}
-		if strings.Count(log, "PING-OK") < 2 {
-			return fmt.Errorf("the guest has %d answers from %s", strings.Count(log, "PING-OK"), gateway)
+		if got < n {
+			return fmt.Errorf("the guest has %d answers from %s, want %d", got, gateway, n)
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("VM %s on %s: %v; its console:\n%s", c.name, node, err, crihelp.Tail(log, 3000))
+		t.Fatalf("VM %s on %s: %v; its console:\n%s", c.name, r.node, err, crihelp.Tail(log, 3000))
 	}
 	lines := regexp.MustCompile(`(?m)^.*(NAPITAP-GUEST-UP|PING-OK).*$`).FindAllString(log, 3)
 	t.Logf("VM %s: its console (kubectl logs %s -c guest-console-log): %d PING-OK from %s; first lines:\n  %s",
-		c.name, launcher, strings.Count(log, "PING-OK"), gateway, strings.Join(lines, "\n  "))
+		c.name, r.launcher, got, gateway, strings.Join(lines, "\n  "))
+	return got
+}
 
-	// napitapctl queues in the worker's napitap pod: every queue QEMU
-	// holds, NAPI as the network says.
-	podIf := kubeVirtPodIf(kubeVirtNetwork)
+// checkKubeVirtQueues runs napitapctl queues in the worker's napitap
+// pod for the VMI's interface on network: every queue QEMU holds, NAPI
+// as the case's network says.
+func (k *kind) checkKubeVirtQueues(t *testing.T, c *kvCase, r kvRun, network string) {
+	t.Helper()
+	podIf := kubeVirtPodIf(network)
 	want := 1
 	if c.multiqueue {
 		want = c.vcpus
 	}
 	var rows string
-	err = poll(time.Minute, func() error {
-		qs, _, err := k.queuesOf(node, sandbox, podIf)
+	err := poll(time.Minute, func() error {
+		qs, _, err := k.queuesOf(r.node, r.sandbox, podIf)
 		if err != nil {
 			return err
 		}
@@ -358,46 +430,51 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("VM %s on %s: napitapctl queues --container %s --ifname %s: %v\n%s", c.name, node, sandbox, podIf, err, rows)
+		t.Fatalf("VM %s on %s: napitapctl queues --container %s --ifname %s: %v\n%s", c.name, r.node, r.sandbox, podIf, err, rows)
 	}
-	ds, _ := k.dsPodOn(node)
+	ds, _ := k.dsPodOn(r.node)
 	table, _ := k.kubectl("exec", "-n", dsNamespace, ds.name, "-c", "napitapd", "--",
-		"napitapctl", "queues", "--container", sandbox, "--ifname", podIf)
-	t.Logf("VM %s (%s, multiqueue %v): kubectl -n %s exec %s -c napitapd -- napitapctl queues --container %.12s --ifname %s:\n%s",
-		c.name, c.nad, c.multiqueue, dsNamespace, ds.name, sandbox, podIf, table)
-	// Who called TUNSETIFF, as napitapd logged it: libvirt, which hands
-	// the queues to QEMU.
+		"napitapctl", "queues", "--container", r.sandbox, "--ifname", podIf)
+	t.Logf("VM %s (network %s, multiqueue %v): kubectl -n %s exec %s -c napitapd -- napitapctl queues --container %.12s --ifname %s:\n%s",
+		c.name, network, c.multiqueue, dsNamespace, ds.name, r.sandbox, podIf, table)
+}
+
+// logTUNSETIFFCallers logs who called TUNSETIFF, as napitapd logged it:
+// libvirt, which hands the queues to QEMU.
+func (k *kind) logTUNSETIFFCallers(t *testing.T, c *kvCase, r kvRun) {
+	ds, _ := k.dsPodOn(r.node)
 	dlog, _ := k.kubectl("logs", "-n", dsNamespace, ds.name, "-c", "napitapd")
 	for _, line := range strings.Split(dlog, "\n") {
-		if !strings.Contains(line, sandbox) || !strings.Contains(line, "TUNSETIFF") && !strings.Contains(line, "attached") {
+		if !strings.Contains(line, r.sandbox) || !strings.Contains(line, "TUNSETIFF") && !strings.Contains(line, "attached") {
 			continue
 		}
 		comm := ""
 		if m := regexp.MustCompile(` pid=(\d+)`).FindStringSubmatch(line); m != nil {
-			if out, err := onNode(node, "cat", "/proc/"+m[1]+"/comm"); err == nil {
+			if out, err := onNode(r.node, "cat", "/proc/"+m[1]+"/comm"); err == nil {
 				comm = " (pid " + m[1] + " is " + strings.TrimSpace(out) + ")"
 			}
 		}
 		t.Logf("VM %s: napitapd: %s%s", c.name, line, comm)
 	}
-	t.Logf("VM %s: Running, pinging, queues checked in %v", c.name, time.Since(start).Round(time.Second))
+}
 
-	// Deleted, the VM leaves napitapd nothing of its attachment.
-	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
-	err = poll(2*time.Minute, func() error {
-		list, err := k.attachments(node)
+// waitAttachmentGone waits for napitapd on r's node to list nothing of
+// r's sandbox.
+func (k *kind) waitAttachmentGone(t *testing.T, r kvRun) {
+	t.Helper()
+	err := poll(2*time.Minute, func() error {
+		list, err := k.attachments(r.node)
 		if err != nil {
 			return err
 		}
-		if strings.Contains(list, sandbox[:12]) {
-			return fmt.Errorf("napitapctl list still shows sandbox %.12s:\n%s", sandbox, list)
+		if strings.Contains(list, r.sandbox[:12]) {
+			return fmt.Errorf("napitapctl list on %s still shows sandbox %.12s:\n%s", r.node, r.sandbox, list)
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("VM %s deleted: %v", c.name, err)
+		t.Fatalf("virt-launcher pod %s gone: %v", r.launcher, err)
 	}
-	t.Logf("VM %s deleted: napitapd on %s holds nothing of sandbox %.12s", c.name, node, sandbox)
 }
 
 // logDomainNIC logs what KubeVirt asked libvirt for and what QEMU got:
@@ -414,8 +491,12 @@ func (k *kind) logDomainNIC(t *testing.T, c *kvCase, launcher string) {
 	} else {
 		t.Logf("VM %s: virsh dumpxml %s: no ethernet interface (%v):\n%s", c.name, domain, err, crihelp.Tail(xml, 1500))
 	}
-	pid, err := kubeVirtQEMU(domain)
-	if err != nil {
+	// One QEMU: a migration's source may take a moment to go.
+	var pid int
+	if err := poll(time.Minute, func() error {
+		pid, err = kubeVirtQEMU(domain)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
