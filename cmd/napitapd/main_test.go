@@ -209,6 +209,7 @@ func TestMetricsSayWhatNapitapdHoldsAndAnswered(t *testing.T) {
 		"napitapd_held_queues 0",
 		`napitapd_tunsetiff_total{outcome="napi"} 1`,
 		`napitapd_tunsetiff_total{outcome="passed_through"} 0`,
+		`napitapd_tunsetiff_answer_seconds_count{outcome="napi"} 1`,
 		`napitapd_handoff_requests_total{op="list",result="ok"} 1`,
 		"napitapd_seccomp_listeners ",
 		"napitapd_takeovers_total 0",

@@ -26,14 +26,15 @@ import (
 
 // Metrics holds napitapd's collectors. Make it with New.
 type Metrics struct {
-	srv             *http.Server // while Serve serves
-	reg             *prometheus.Registry
-	tunsetiff       *prometheus.CounterVec
-	requests        *prometheus.CounterVec
-	takeovers       prometheus.Counter
-	takeoverSeconds prometheus.Histogram
-	recoveries      prometheus.Counter
-	plainQueues     *prometheus.CounterVec
+	srv              *http.Server // while Serve serves
+	reg              *prometheus.Registry
+	tunsetiff        *prometheus.CounterVec
+	tunsetiffSeconds *prometheus.HistogramVec
+	requests         *prometheus.CounterVec
+	takeovers        prometheus.Counter
+	takeoverSeconds  prometheus.Histogram
+	recoveries       prometheus.Counter
+	plainQueues      *prometheus.CounterVec
 }
 
 // Why a VM's queue of a napitap tap ended without NAPI
@@ -89,6 +90,12 @@ func New() *Metrics {
 			Name: "napitapd_recoveries_total",
 			Help: "Starts that took back what a dead napitapd left in the fd holder (0 or 1).",
 		}),
+		tunsetiffSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "napitapd_tunsetiff_answer_seconds",
+			Help: "How long the seccomp agent took to answer a TUNSETIFF, from reading the notification to sending the answer, by outcome: " +
+				"what a VMM's open waits on napitapd, a passed_through one (a tap not napitap's) included.",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 100e-3, 1},
+		}, []string{"outcome"}),
 		plainQueues: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napitapd_plain_queues_total",
 			Help: "Queues of napitap taps that a VMM attached without NAPI, by reason: holder_bounded_wait, left_to_kernel, caller_unreadable, not_intercepted.",
@@ -100,7 +107,7 @@ func New() *Metrics {
 		ConstLabels: prometheus.Labels{"version": buildinfo.Version()},
 	})
 	info.Set(1)
-	m.reg.MustRegister(m.tunsetiff, m.requests, m.takeovers, m.takeoverSeconds, m.recoveries, m.plainQueues, info,
+	m.reg.MustRegister(m.tunsetiff, m.tunsetiffSeconds, m.requests, m.takeovers, m.takeoverSeconds, m.recoveries, m.plainQueues, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{seccompagent.OutcomeNAPI, seccompagent.OutcomePassed, seccompagent.OutcomeRefused, seccompagent.OutcomeError} {
 		m.tunsetiff.WithLabelValues(o) // present at 0 from the start
@@ -136,10 +143,12 @@ func (m *Metrics) Watch(s Sources) {
 	}
 }
 
-// TUNSETIFF counts one answered TUNSETIFF, a seccompagent.Outcome*.
-func (m *Metrics) TUNSETIFF(outcome string) {
+// TUNSETIFF counts one answered TUNSETIFF, a seccompagent.Outcome*, and
+// how long its answer took.
+func (m *Metrics) TUNSETIFF(outcome string, took time.Duration) {
 	if m != nil {
 		m.tunsetiff.WithLabelValues(outcome).Inc()
+		m.tunsetiffSeconds.WithLabelValues(outcome).Observe(took.Seconds())
 	}
 }
 

@@ -61,8 +61,9 @@ type Options struct {
 	// Store keeps copies of the listeners outside napitapd; nil: none.
 	Store Store
 	// Observe, if set, is told how each TUNSETIFF was answered, one of
-	// the Outcome* strings (napitapd's metrics).
-	Observe func(outcome string)
+	// the Outcome* strings, and how long the answer took from the
+	// notification's read (napitapd's metrics).
+	Observe func(outcome string, took time.Duration)
 	// OnQueue, if set, is told of each queue of a napitap tap the agent
 	// attached with NAPI or left to the kernel without, once the answer is
 	// out: napitapd's record of which queues have NAPI (napitapctl node)
@@ -113,7 +114,7 @@ type Agent struct {
 	quota       unixsock.UIDQuota // listeners per sender uid
 	attachLevel slog.Level
 	store       Store
-	observe     func(outcome string)
+	observe     func(outcome string, took time.Duration)
 	onQueue     func(QueueEvent)
 
 	mu        sync.Mutex
@@ -427,13 +428,14 @@ func recvReady(fd int, n, record *seccompNotif) (got, hup bool, err error) {
 
 // answer answers n, which s records.
 func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket, recent recentAttaches, own ownTaps, hook func(int, bool), origin string, log *slog.Logger) (attached bool) {
+	start := time.Now()
 	defer func() {
 		// A panic must not end the listener's goroutine, which would close
 		// the listener: every process under it would get ENOSYS for good.
 		if r := recover(); r != nil {
 			log.Error("panic answering a notification: left to the kernel", "pid", n.Pid, "panic", r, "stack", string(debug.Stack()))
 			_ = notifSend(listener, n.ID, 0, true)
-			a.observed(OutcomeError)
+			a.observed(OutcomeError, time.Since(start))
 		}
 	}()
 	prev := recent.take(n.Pid)
@@ -457,6 +459,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 		hook(int(n.Pid), !v.cont && v.errno == 0)
 	}
 	err := notifSend(listener, n.ID, v.errno, v.cont)
+	took := time.Since(start)
 	// The caller now waits on this CPU (notifSyncWakeUp) for as long as
 	// this thread runs on, through what follows and Go's parking: let it
 	// run first.
@@ -475,7 +478,7 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	}
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		log.Error("SECCOMP_IOCTL_NOTIF_SEND", "pid", n.Pid, "err", err)
-		a.observed(OutcomeError)
+		a.observed(OutcomeError, took)
 		return v.queue != nil
 	}
 	if v.event != nil && a.onQueue != nil {
@@ -485,17 +488,20 @@ func (a *Agent) answer(listener int, n *seccompNotif, s *slot, sock *netnsSocket
 	}
 	switch {
 	case v.cont:
-		a.observed(OutcomePassed)
+		a.observed(OutcomePassed, took)
 	case v.errno != 0:
-		a.observed(OutcomeRefused)
+		a.observed(OutcomeRefused, took)
 	default:
-		a.observed(OutcomeNAPI)
+		a.observed(OutcomeNAPI, took)
 	}
 	return v.queue != nil
 }
 
-func (a *Agent) observed(outcome string) {
+// observed tells Observe of an answer and how long it took, from the
+// notification's read to the answer's send: what the caller waited for
+// napitapd beyond the kernel's own work and the wakeups.
+func (a *Agent) observed(outcome string, took time.Duration) {
 	if a.observe != nil {
-		a.observe(outcome)
+		a.observe(outcome, took)
 	}
 }

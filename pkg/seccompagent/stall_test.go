@@ -123,7 +123,7 @@ func TestACallerThatStallsTheReadOfItsIfreqHoldsUpNeitherTheAgentNorItsStop(t *t
 			outcomes := make(chan string, 8)
 			w := &logBuf{t: t}
 			newAgent := func() *Agent {
-				a, err := New(reg, slog.New(slog.NewTextHandler(w, nil)), Options{Observe: func(o string) { outcomes <- o }})
+				a, err := New(reg, slog.New(slog.NewTextHandler(w, nil)), Options{Observe: func(o string, _ time.Duration) { outcomes <- o }})
 				if err != nil {
 					t.Fatal(err)
 				}
