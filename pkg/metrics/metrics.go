@@ -111,6 +111,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{seccompagent.OutcomeNAPI, seccompagent.OutcomePassed, seccompagent.OutcomeRefused, seccompagent.OutcomeError} {
 		m.tunsetiff.WithLabelValues(o) // present at 0 from the start
+		m.tunsetiffSeconds.WithLabelValues(o)
 	}
 	for _, r := range PlainReasons {
 		m.plainQueues.WithLabelValues(r) // an alert's rate() needs the 0

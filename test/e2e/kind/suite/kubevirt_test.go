@@ -54,7 +54,7 @@ exec /bin/busybox sh /kubevirt/init.sh
 // kvCase is one VirtualMachine: its NAD, multiqueue or not, and whether
 // the network gives NAPI.
 type kvCase struct {
-	name, nad  string
+	name, nad  string // nad "": no napitap NIC
 	multiqueue bool
 	napi       bool
 	vcpus      int
@@ -243,12 +243,21 @@ func (k *kind) buildKubeVirtGuestImage(t *testing.T) {
 func (k *kind) kubeVirtVM(node string, c *kvCase) map[string]any {
 	args := vm.KernelCmdline(vm.Guest{IP: c.ip, Gateway: gateway, MAC: c.mac})
 	args = strings.Replace(args, "rdinit=/init", "rdinit=/kubevirt/init", 1)
-	interfaces := []any{map[string]any{"name": kubeVirtNetwork,
-		"binding": map[string]any{"name": "napitap"}, "macAddress": c.mac}}
-	networks := []any{map[string]any{"name": kubeVirtNetwork,
-		"multus": map[string]any{"networkName": c.nad}}}
+	var interfaces, networks []any
+	if c.nad != "" {
+		interfaces = append(interfaces, map[string]any{"name": kubeVirtNetwork,
+			"binding": map[string]any{"name": "napitap"}, "macAddress": c.mac})
+		networks = append(networks, map[string]any{"name": kubeVirtNetwork,
+			"multus": map[string]any{"networkName": c.nad}})
+	}
 	if c.podNetwork {
-		interfaces = append(interfaces, map[string]any{"name": "default", "masquerade": map[string]any{}})
+		pod := map[string]any{"name": "default", "masquerade": map[string]any{}}
+		if c.nad == "" {
+			// The guest's NIC, found by its MAC, else its /init gives up
+			// and the VM stops.
+			pod["macAddress"] = c.mac
+		}
+		interfaces = append(interfaces, pod)
 		networks = append(networks, map[string]any{"name": "default", "pod": map[string]any{}})
 	}
 	var nodeSelector map[string]any

@@ -1,0 +1,185 @@
+package suite
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt: a VM chooses napitap
+// per interface (binding napitap), but napitap's virt-launcher profile is
+// cluster-wide, so the TUNSETIFF of a VM with no napitap NIC goes through
+// napitapd too, which passes it to the kernel. Beside a VM on napitap's
+// binding, on one worker: a VM with only the pod network (masquerade)
+// runs; its queues are passed through (napitapd_tunsetiff_total), and
+// what it waited on napitapd is napitapd_tunsetiff_answer_seconds; then
+// the same VM started during a rollout of napitap's DaemonSet.
+func TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt(t *testing.T) {
+	k := cluster
+	k.kubeVirtReady(t)
+	w := k.workers[0]
+	on := &kvCase{name: "kv-on", nad: "napitap-kubevirt", multiqueue: true, napi: true, vcpus: 2,
+		ip: "10.198.0.241/24", mac: "02:00:0a:c6:00:f1"}
+	// Its guest pings 10.198.0.1, which its pod network does not reach:
+	// it only has to run.
+	off := &kvCase{name: "kv-off", multiqueue: true, vcpus: 2, podNetwork: true,
+		ip: "10.198.0.242/24", mac: "02:00:0a:c6:00:f2"}
+	before := k.answers(t, w)
+	start := time.Now()
+	for _, c := range []*kvCase{on, off} {
+		k.apply(t, k.kubeVirtVM(w, c))
+		t.Cleanup(func() {
+			k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
+		})
+	}
+	r := k.waitKubeVirtVMI(t, on, "")
+	k.waitGuestPings(t, on, r, 2)
+	k.checkKubeVirtQueues(t, on, r, kubeVirtNetwork)
+	offRun := k.waitKubeVirtVMI(t, off, "")
+	took := time.Since(start)
+	after := k.answers(t, w)
+	passed := after.sub(before, "passed_through")
+	// kv-off's pod tap, multiqueue with 2 vCPUs: 2 TUNSETIFFs, each left to
+	// the kernel.
+	if passed.count < 2 {
+		t.Errorf("napitapd on %s passed %v TUNSETIFFs through while kv-off started, want at least its 2 queues", w, passed.count)
+	}
+	t.Logf("kv-on (napitap binding) and kv-off (pod network only) on %s, Running within %v; napitapd's answers meanwhile:\n  napi: %s\n  passed_through: %s",
+		w, took.Round(time.Second), after.sub(before, "napi"), passed)
+
+	// kv-off again, started while napitap's DaemonSet rolls out.
+	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, off.name, "--wait=true", "--timeout=180s")
+	k.waitAttachmentGone(t, offRun)
+	k.kubectlMust(t, "rollout", "restart", "-n", dsNamespace, "daemonset/napitap")
+	start = time.Now()
+	k.apply(t, k.kubeVirtVM(w, off))
+	k.waitKubeVirtVMI(t, off, "")
+	during := time.Since(start)
+	k.kubectlMust(t, "rollout", "status", "-n", dsNamespace, "daemonset/napitap", "--timeout=300s")
+	k.checkKubeVirtQueues(t, on, r, kubeVirtNetwork)
+	t.Logf("kv-off started during a rollout of napitap's DaemonSet: Running %v after its apply; kv-on kept its NAPI queues",
+		during.Round(time.Second))
+}
+
+// answerTimes is napitapd's napitapd_tunsetiff_answer_seconds, by
+// outcome: count, sum and cumulative buckets.
+type answerTimes map[string]*histogram
+
+type histogram struct {
+	count, sum float64
+	buckets    map[string]float64 // le: cumulative count
+}
+
+// sub is what h gained since b for outcome.
+func (h answerTimes) sub(b answerTimes, outcome string) histogram {
+	var d histogram
+	d.buckets = map[string]float64{}
+	a, p := h[outcome], b[outcome]
+	if a == nil {
+		return d
+	}
+	if p == nil {
+		p = &histogram{buckets: map[string]float64{}}
+	}
+	d.count, d.sum = a.count-p.count, a.sum-p.sum
+	for le, n := range a.buckets {
+		d.buckets[le] = n - p.buckets[le]
+	}
+	return d
+}
+
+// String gives the count, the mean and the smallest bucket that holds
+// half and all of them.
+func (d histogram) String() string {
+	if d.count == 0 {
+		return "none"
+	}
+	var les []float64
+	for le := range d.buckets {
+		if v, err := strconv.ParseFloat(le, 64); err == nil {
+			les = append(les, v)
+		}
+	}
+	within := func(frac float64) string {
+		best := "+Inf"
+		for _, v := range les {
+			if d.buckets[strconv.FormatFloat(v, 'g', -1, 64)] >= frac*d.count {
+				if b, err := strconv.ParseFloat(best, 64); err != nil || v < b {
+					best = strconv.FormatFloat(v, 'g', -1, 64)
+				}
+			}
+		}
+		return best
+	}
+	return fmt.Sprintf("%v answered, mean %.0f µs, half within %s s, all within %s s",
+		d.count, d.sum/d.count*1e6, within(0.5), within(1))
+}
+
+// answers scrapes napitapd's /metrics on node, where the DaemonSet
+// serves them (the node's address, port 9695).
+func (k *kind) answers(t *testing.T, node string) answerTimes {
+	t.Helper()
+	ip := strings.TrimSpace(k.kubectlMust(t, "get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`))
+	var body string
+	err := poll(time.Minute, func() error {
+		resp, err := http.Get("http://" + ip + ":9695/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("napitapd's /metrics on %s (%s:9695): %v", node, ip, err)
+	}
+	h := answerTimes{}
+	get := func(outcome string) *histogram {
+		if h[outcome] == nil {
+			h[outcome] = &histogram{buckets: map[string]float64{}}
+		}
+		return h[outcome]
+	}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || !strings.HasPrefix(name, "napitapd_tunsetiff_answer_seconds") {
+			continue
+		}
+		labels, value, _ := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		var outcome, le string
+		for _, kv := range strings.Split(labels, ",") {
+			key, val, _ := strings.Cut(kv, "=")
+			val = strings.Trim(val, `"`)
+			switch key {
+			case "outcome":
+				outcome = val
+			case "le":
+				le = val
+			}
+		}
+		switch name {
+		case "napitapd_tunsetiff_answer_seconds_bucket":
+			get(outcome).buckets[le] = v
+		case "napitapd_tunsetiff_answer_seconds_sum":
+			get(outcome).sum = v
+		case "napitapd_tunsetiff_answer_seconds_count":
+			get(outcome).count = v
+		}
+	}
+	if len(h) == 0 {
+		t.Fatalf("napitapd's /metrics on %s has no napitapd_tunsetiff_answer_seconds", node)
+	}
+	return h
+}
