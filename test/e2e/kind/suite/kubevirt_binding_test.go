@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -31,12 +32,8 @@ func TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt(t *testing.T) {
 		ip: "10.198.0.242/24", mac: "02:00:0a:c6:00:f2"}
 	before := k.answers(t, w)
 	start := time.Now()
-	for _, c := range []*kvCase{on, off} {
-		k.apply(t, k.kubeVirtVM(w, c))
-		t.Cleanup(func() {
-			k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
-		})
-	}
+	k.startKubeVirtVM(t, w, on)
+	k.startKubeVirtVM(t, w, off)
 	r := k.waitKubeVirtVMI(t, on, "")
 	k.waitGuestPings(t, on, r, 2)
 	k.checkKubeVirtQueues(t, on, r, kubeVirtNetwork)
@@ -57,7 +54,7 @@ func TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt(t *testing.T) {
 	k.waitAttachmentGone(t, offRun)
 	k.kubectlMust(t, "rollout", "restart", "-n", dsNamespace, "daemonset/napitap")
 	start = time.Now()
-	k.apply(t, k.kubeVirtVM(w, off))
+	k.startKubeVirtVM(t, w, off)
 	k.waitKubeVirtVMI(t, off, "")
 	during := time.Since(start)
 	k.kubectlMust(t, "rollout", "status", "-n", dsNamespace, "daemonset/napitap", "--timeout=300s")
@@ -72,19 +69,19 @@ type answerTimes map[string]*histogram
 
 type histogram struct {
 	count, sum float64
-	buckets    map[string]float64 // le: cumulative count
+	buckets    map[float64]float64 // le (+Inf included): cumulative count
 }
 
 // sub is what h gained since b for outcome.
 func (h answerTimes) sub(b answerTimes, outcome string) histogram {
 	var d histogram
-	d.buckets = map[string]float64{}
+	d.buckets = map[float64]float64{}
 	a, p := h[outcome], b[outcome]
 	if a == nil {
 		return d
 	}
 	if p == nil {
-		p = &histogram{buckets: map[string]float64{}}
+		p = &histogram{buckets: map[float64]float64{}}
 	}
 	d.count, d.sum = a.count-p.count, a.sum-p.sum
 	for le, n := range a.buckets {
@@ -99,24 +96,17 @@ func (d histogram) String() string {
 	if d.count == 0 {
 		return "none"
 	}
-	var les []float64
-	for le := range d.buckets {
-		if v, err := strconv.ParseFloat(le, 64); err == nil {
-			les = append(les, v)
-		}
-	}
-	within := func(frac float64) string {
-		best := "+Inf"
-		for _, v := range les {
-			if d.buckets[strconv.FormatFloat(v, 'g', -1, 64)] >= frac*d.count {
-				if b, err := strconv.ParseFloat(best, 64); err != nil || v < b {
-					best = strconv.FormatFloat(v, 'g', -1, 64)
-				}
+	// The smallest bound whose bucket holds frac of the answers.
+	within := func(frac float64) float64 {
+		best := math.Inf(1)
+		for le, n := range d.buckets {
+			if n >= frac*d.count && le < best {
+				best = le
 			}
 		}
 		return best
 	}
-	return fmt.Sprintf("%v answered, mean %.0f µs, half within %s s, all within %s s",
+	return fmt.Sprintf("%v answered, mean %.0f µs, half within %g s, all within %g s",
 		d.count, d.sum/d.count*1e6, within(0.5), within(1))
 }
 
@@ -142,7 +132,7 @@ func (k *kind) answers(t *testing.T, node string) answerTimes {
 	h := answerTimes{}
 	get := func(outcome string) *histogram {
 		if h[outcome] == nil {
-			h[outcome] = &histogram{buckets: map[string]float64{}}
+			h[outcome] = &histogram{buckets: map[float64]float64{}}
 		}
 		return h[outcome]
 	}
@@ -158,7 +148,7 @@ func (k *kind) answers(t *testing.T, node string) answerTimes {
 		if err != nil {
 			continue
 		}
-		var outcome, le string
+		var outcome, le string // le: a bucket's bound, "+Inf" the last
 		for _, kv := range strings.Split(labels, ",") {
 			key, val, _ := strings.Cut(kv, "=")
 			val = strings.Trim(val, `"`)
@@ -171,7 +161,9 @@ func (k *kind) answers(t *testing.T, node string) answerTimes {
 		}
 		switch name {
 		case "napitapd_tunsetiff_answer_seconds_bucket":
-			get(outcome).buckets[le] = v
+			if bound, err := strconv.ParseFloat(le, 64); err == nil {
+				get(outcome).buckets[bound] = v
+			}
 		case "napitapd_tunsetiff_answer_seconds_sum":
 			get(outcome).sum = v
 		case "napitapd_tunsetiff_answer_seconds_count":

@@ -25,11 +25,8 @@ func TestKubeVirtVMThroughAnOperatorsDay(t *testing.T) {
 	k.kubeVirtReady(t)
 	c := &kvCase{name: "kv-day", nad: "napitap-kubevirt", multiqueue: true, napi: true, vcpus: 2,
 		ip: "10.198.0.240/24", mac: "02:00:0a:c6:00:f0", podNetwork: true}
-	domain := podNamespace + "_" + c.name
-	k.apply(t, k.kubeVirtVM("", c))
-	t.Cleanup(func() {
-		k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
-	})
+	domain := kubeVirtDomain(c)
+	k.startKubeVirtVM(t, "", c)
 	r := k.waitKubeVirtVMI(t, c, "")
 	k.waitGuestPings(t, c, r, 2)
 	k.checkKubeVirtQueues(t, c, r, kubeVirtNetwork)
@@ -186,7 +183,7 @@ func (k *kind) kubeVirtMigrate(t *testing.T, c *kvCase, src kvRun) (kvRun, strin
 		t.Logf("VMI %s is not live-migratable, KubeVirt says: %s", c.name, cond)
 		return src, "not migrated: KubeVirt's LiveMigratable condition is " + cond
 	}
-	qemu, err := kubeVirtQEMU(podNamespace + "_" + c.name)
+	qemu, err := kubeVirtQEMU(kubeVirtDomain(c))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +248,7 @@ func (k *kind) kubeVirtMigrate(t *testing.T, c *kvCase, src kvRun) (kvRun, strin
 		if err != nil {
 			t.Fatal(err)
 		}
-		if now, err := kubeVirtQEMU(podNamespace + "_" + c.name); err != nil || now != qemu {
+		if now, err := kubeVirtQEMU(kubeVirtDomain(c)); err != nil || now != qemu {
 			t.Fatalf("after the refused migration, VM %s's QEMU is %d (%v), was %d", c.name, now, err, qemu)
 		}
 		after := k.waitGuestPings(t, c, src, before+2)

@@ -309,10 +309,7 @@ type kvRun struct {
 // not, as the network says), then deletes it.
 func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 	start := time.Now()
-	k.apply(t, k.kubeVirtVM(node, c))
-	t.Cleanup(func() {
-		k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
-	})
+	k.startKubeVirtVM(t, node, c)
 	r := k.waitKubeVirtVMI(t, c, "")
 	k.waitGuestPings(t, c, r, 2)
 	k.checkKubeVirtQueues(t, c, r, kubeVirtNetwork)
@@ -324,6 +321,20 @@ func (k *kind) runKubeVirtVM(t *testing.T, node string, c *kvCase) {
 	k.waitAttachmentGone(t, r)
 	t.Logf("VM %s deleted: napitapd on %s holds nothing of sandbox %.12s", c.name, r.node, r.sandbox)
 }
+
+// startKubeVirtVM applies the case's VM, on node or (node "") where the
+// scheduler puts it, and deletes it when the test ends.
+func (k *kind) startKubeVirtVM(t *testing.T, node string, c *kvCase) {
+	t.Helper()
+	k.apply(t, k.kubeVirtVM(node, c))
+	t.Cleanup(func() {
+		k.kubectl("delete", "vm", "-n", podNamespace, c.name, "--wait=true", "--timeout=180s")
+	})
+}
+
+// kubeVirtDomain is the case's libvirt domain: KubeVirt names it
+// NAMESPACE_VMI.
+func kubeVirtDomain(c *kvCase) string { return podNamespace + "_" + c.name }
 
 // waitKubeVirtVMI waits for the case's VMI to run (and, given notOn, on
 // another node than that), and gives the node's napitap0 the gateway.
@@ -492,7 +503,7 @@ func (k *kind) waitAttachmentGone(t *testing.T, r kvRun) {
 // logged of vhost, which the nodes here lack (/dev/vhost-net).
 func (k *kind) logDomainNIC(t *testing.T, c *kvCase, launcher string) {
 	t.Helper()
-	domain := podNamespace + "_" + c.name
+	domain := kubeVirtDomain(c)
 	xml, err := k.kubectl("exec", "-n", podNamespace, launcher, "-c", "compute", "--",
 		"virsh", "-c", "qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock", "dumpxml", domain)
 	if m := regexp.MustCompile(`(?s)<interface type='ethernet'>.*?</interface>`).FindString(xml); m != "" {
