@@ -15,7 +15,8 @@
 #                       builder (deploy/test builds the image), and gcc
 #                       (cgo: the tests' attacker unshares its user
 #                       namespace before Go starts, internal/ownuserns),
-#                       and qemu-user-static (make test-arm64)
+#                       qemu-user-static (make test-arm64), and perf
+#                       (napitap-bench capacity --split: perf sched)
 #   hack/deps.sh kind   make e2e-kind's: jq, debootstrap (the node image's
 #                       Debian 12 root) and an image builder; Docker's
 #                       engine itself the machine provides
@@ -112,6 +113,7 @@ test)
 	need_cmd xmllint libxml2-utils
 	need_cmd gcc gcc
 	need_cmd qemu-aarch64-static qemu-user-static
+	need_cmd perf linux-perf
 	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_lists=1
 	;;
 *)

@@ -47,6 +47,7 @@ const (
 type capacityOptions struct {
 	pods   []int
 	queues int
+	split  map[int]bool // the Ns whose ADDs perf sched splits
 }
 
 func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
@@ -55,6 +56,7 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 	pods := fs.String("pods", "1,10,50,110", "VM pods started at once, comma-separated, each count in turn")
 	fs.IntVar(&c.queues, "queues", 4, "queues per VM pod")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for capacity.md and capacity.svg")
+	split := fs.String("split", "", "for these N (comma-separated), record the scheduler's events with `perf sched record` while the pods start, and split each ADD's wall time into on-CPU, waiting to run and blocked, by what it blocked on (perf's own CPU is part of the burst then)")
 	fs.IntVar(&o.napitapdNice, "napitapd-nice", 0, "run napitapd at this nice value (-20..19): how much of an intercepted TUNSETIFF under a burst is waiting for a CPU")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(capacityBinaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
 	fs.Usage = func() {
@@ -84,6 +86,14 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 			return nil, nil, fmt.Errorf("--pods: %q is not a pod count in 1..500", f)
 		}
 		c.pods = append(c.pods, n)
+	}
+	c.split = map[int]bool{}
+	for _, f := range strings.FieldsFunc(*split, func(r rune) bool { return r == ',' }) {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || !slices.Contains(c.pods, n) {
+			return nil, nil, fmt.Errorf("--split: %q is not one of --pods", f)
+		}
+		c.split[n] = true
 	}
 	return o, c, nil
 }
@@ -115,7 +125,9 @@ func (b *bench) capacity(ctx context.Context, copt *capacityOptions) error {
 	if err := b.prepare(ctx, func() ([]string, error) {
 		holder := filepath.Join(b.daemonDir(), "fdstore.sock")
 		daemonFlags = []string{"--fdstore-socket", holder}
-		return daemonFlags, b.startFDStore(holder)
+		var err error
+		b.fdstore, err = b.startFDStore(holder)
+		return daemonFlags, err
 	}); err != nil {
 		return err
 	}
@@ -166,6 +178,11 @@ func (b *bench) capacity(ctx context.Context, copt *capacityOptions) error {
 	if err := os.WriteFile(svgPath, []byte(svg), 0o644); err != nil {
 		return err
 	}
+	if split := rep.SplitSVG(); split != "" {
+		if err := os.WriteFile(filepath.Join(b.opt.out, "capacity-split.svg"), []byte(split), 0o644); err != nil {
+			return err
+		}
+	}
 	fmt.Print(md)
 	fmt.Fprintf(os.Stderr, "napitap-bench capacity: wrote %s and %s\n", mdPath, svgPath)
 	if loopErr != nil {
@@ -179,17 +196,17 @@ func (b *bench) capacity(ctx context.Context, copt *capacityOptions) error {
 
 // startFDStore runs napitap-fdstore on socket, as the DaemonSet's sidecar
 // beside napitapd; cleanup stops it by its PID, after every napitapd.
-func (b *bench) startFDStore(socket string) error {
+func (b *bench) startFDStore(socket string) (*child, error) {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	c, err := startChild("napitap-fdstore", filepath.Join(filepath.Dir(socket), "fdstore.log"),
 		filepath.Join(b.binDir, "napitap-fdstore"), "--socket", socket)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.onCleanup(c.terminate)
-	return c.waitFor("socket "+socket, func() bool {
+	return c, c.waitFor("socket "+socket, func() bool {
 		st, err := os.Stat(socket)
 		return err == nil && st.Mode()&os.ModeSocket != 0
 	})
@@ -213,7 +230,7 @@ func (b *bench) capacityRef(ctx context.Context, copt *capacityOptions, row *Cap
 	inv := func(v *vmPod, command string) invocation {
 		return invocation{Plugin: "tap", Command: command, ContainerID: v.cid, Netns: v.pod.Path(), IfName: capacityIfName, Conf: v.conf}
 	}
-	b.startPods(ctx, vms, inv, copt.queues)
+	row.RefBurst, row.RefSplit = b.measuredStart(ctx, "tap", vms, inv, copt, nil)
 	for _, v := range vms {
 		switch {
 		case v.add.Err != nil:
@@ -228,6 +245,7 @@ func (b *bench) capacityRef(ctx context.Context, copt *capacityOptions, row *Cap
 			if err := v.vm.stop(); err != nil {
 				b.fail("N=%d: VM of %s: %v", n, v.cid, err)
 			}
+			row.RefBurst.VMs += v.vm.cpu
 		}
 		row.RefAdd.Add(v.add.Wall, v.add.CPU, v.add.MaxRSS)
 		row.RefAdd.SysTotal += v.add.Sys
@@ -272,9 +290,25 @@ func (b *bench) execNow(ctx context.Context, inv invocation) run {
 	req := b.request(inv)
 	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
 	cmd.Env = append(baseEnv(), req.Env...)
-	cmd.Stdin = bytes.NewReader(req.Stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Files, not readers and writers: os/exec would copy those through
+	// goroutines of the bench's, and under a burst a plugin would wait
+	// for the bench to get a CPU before it could read its config.
+	stdin, err := launch.FilledPipe(req.Stdin)
+	if err != nil {
+		return run{Err: err}
+	}
+	defer stdin.Close()
+	stdout, err := launch.MemFile("stdout")
+	if err != nil {
+		return run{Err: err}
+	}
+	defer stdout.Close()
+	stderr, err := launch.MemFile("stderr")
+	if err != nil {
+		return run{Err: err}
+	}
+	defer stderr.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	var startErr error
 	start := time.Now()
 	if err := b.host.Do(func(ns.NetNS) error { startErr = cmd.Start(); return nil }); err != nil {
@@ -284,7 +318,8 @@ func (b *bench) execNow(ctx context.Context, inv invocation) run {
 		return run{Err: fmt.Errorf("start %s %s: %w", inv.Plugin, inv.Command, startErr)}
 	}
 	_ = cmd.Wait()
-	res := launch.Res{Wall: time.Since(start), Status: -1, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}
+	pid := cmd.Process.Pid
+	res := launch.Res{Wall: time.Since(start), Status: -1, Stdout: launch.ReadAll(stdout), Stderr: launch.ReadAll(stderr)}
 	if ps := cmd.ProcessState; ps != nil {
 		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
 			res.Sys = time.Duration(syscall.TimevalToNsec(ru.Stime))
@@ -297,7 +332,9 @@ func (b *bench) execNow(ctx context.Context, inv invocation) run {
 			res.Status = ps.ExitCode()
 		}
 	}
-	return toRun(inv, res)
+	r := toRun(inv, res)
+	r.Pid = pid
+	return r
 }
 
 // vmPod is one VM pod: its ADD, then its VM.
@@ -341,7 +378,7 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 	if row.Idle, err = b.daemon.stats(); err != nil {
 		b.fail("N=%d: napitapd stats: %v", n, err)
 	}
-	b.startPods(ctx, vms, inv, copt.queues)
+	row.Burst, row.Split = b.measuredStart(ctx, "napitap", vms, inv, copt, []int{b.daemon.pid(), b.fdstore.cmd.Process.Pid})
 	running := 0
 	for _, v := range vms {
 		if v.add.Err != nil {
@@ -387,6 +424,7 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 			if err := v.vm.stop(); err != nil {
 				b.fail("N=%d: VM of %s: %v", n, v.cid, err)
 			}
+			row.Burst.VMs += v.vm.cpu
 		}
 	}
 	_ = b.settle(ctx)
@@ -433,6 +471,45 @@ func (b *bench) startPods(ctx context.Context, vms []*vmPod, inv func(*vmPod, st
 		})
 	}
 	wg.Wait()
+}
+
+// measuredStart starts the pods (startPods) and accounts for the CPU every
+// process spent meanwhile; for an N of --split it also splits each ADD's
+// wall time from the scheduler's events. The VMs' CPU is theirs to add
+// when they stop (vmProc.cpu).
+func (b *bench) measuredStart(ctx context.Context, kind string, vms []*vmPod, inv func(*vmPod, string) invocation, copt *capacityOptions, daemons []int) (BurstCPU, *SplitSummary) {
+	var rec *schedRecord
+	if copt.split[len(vms)] {
+		var err error
+		if rec, err = startSchedRecord(filepath.Join(b.tmp, fmt.Sprintf("sched-%s-%d.data", kind, len(vms)))); err != nil {
+			b.fail("N=%d: %v", len(vms), err)
+		}
+	}
+	start := markCPU(daemons...)
+	b.startPods(ctx, vms, inv, copt.queues)
+	var c BurstCPU
+	c.since(start, markCPU(daemons...))
+	for _, v := range vms {
+		c.Plugins += v.add.CPU
+	}
+	if rec == nil {
+		return c, nil
+	}
+	var err error
+	if c.Perf, err = rec.stop(); err != nil {
+		b.fail("N=%d: %v", len(vms), err)
+		return c, nil
+	}
+	var pids []int
+	for _, v := range vms {
+		pids = append(pids, v.add.Pid)
+	}
+	splits, err := rec.split(pids)
+	if err != nil {
+		b.fail("N=%d: %v", len(vms), err)
+		return c, nil
+	}
+	return c, summarize(vms, splits)
 }
 
 // checkHeld: napitapd lists want attachments of the round's, each fds-mode
@@ -520,6 +597,7 @@ type vmProc struct {
 	stderr bytes.Buffer
 	done   chan struct{}
 	err    error
+	cpu    time.Duration // user+sys, once it has exited
 	once   sync.Once
 }
 
@@ -576,7 +654,13 @@ func (b *bench) startVM(v *vmPod, queues int) (*vmProc, launch.VMReady, error) {
 		inW.Close()
 		return nil, ready, fmt.Errorf("start %s: %w", strings.Join(argv, " "), err)
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	go func() {
+		p.err = p.cmd.Wait()
+		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			p.cpu = time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
+		}
+		close(p.done)
+	}()
 	b.mu.Lock()
 	b.onCleanup(p.stop)
 	b.mu.Unlock()

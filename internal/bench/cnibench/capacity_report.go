@@ -28,6 +28,10 @@ type CapacityRow struct {
 	RefAdd, RefDel            Series
 	RefToQueues, RefTUNSETIFF []time.Duration
 	RefFailures               int
+	// The CPU every process spent while the pods started, napitap's and
+	// the reference plugin's; with --split, where their ADDs' time went.
+	Burst, RefBurst BurstCPU
+	Split, RefSplit *SplitSummary
 }
 
 // CapacityReport is one run of `napitap-bench capacity`.
@@ -56,14 +60,33 @@ func meanCPU(s Series) time.Duration {
 	return sum / time.Duration(len(s.CPU))
 }
 
-// CPUFloor is how long the machine's CPUs need at the least to run N
-// ADDs of the row's mean CPU: no p99 of N ADDs at once can be lower.
-// It counts the plugin processes alone, not napitapd or kernel threads.
+// CPUFloor is how long the machine's CPUs needed at the least for what
+// every process did while napitap's N pods started (BurstCPU).
 func (r *CapacityReport) CPUFloor(row *CapacityRow) time.Duration {
-	if r.Machine.CPUs == 0 {
-		return 0
+	return row.Burst.Floor(r.Machine.CPUs)
+}
+
+// Goals judges issue 46's at the last N: napitap's p99 ADD at most twice
+// the burst's all-process floor, and at most half the reference plugin's.
+func (r *CapacityReport) Goals() []Goal {
+	if len(r.Rows) == 0 {
+		return nil
 	}
-	return time.Duration(row.Pods) * meanCPU(row.Add) / time.Duration(r.Machine.CPUs)
+	z := &r.Rows[len(r.Rows)-1]
+	p99, ref, floor := Percentile(z.Add.Wall, 99), Percentile(z.RefAdd.Wall, 99), r.CPUFloor(z)
+	goal := func(name string, a, b time.Duration, limit float64) Goal {
+		g := Goal{Name: fmt.Sprintf("%s, N=%d", name, z.Pods), Target: fmt.Sprintf("<= %.1fx", limit)}
+		if a > 0 && b > 0 {
+			f := Ratio(a, b)
+			g.Measured = fmt.Sprintf("%s (%s vs %s)", fmtRatio(f), fmtDur(a), fmtDur(b))
+			g.Known, g.Met = true, f <= limit
+		}
+		return g
+	}
+	return []Goal{
+		goal("napitap ADD p99 / the burst's all-process CPU floor", p99, floor, 2),
+		goal("napitap ADD p99 / tap plugin (reference) ADD p99", p99, ref, 0.5),
+	}
 }
 
 // growth is one figure at the first and the last N, and its goal.
@@ -156,7 +179,7 @@ func (r *CapacityReport) Markdown() string {
 	p("taken back from napitap-fdstore. After each, napitapd must list all N. Then the VMs are stopped and the N DELs run at once. ")
 	p("p50/p99 are nearest-rank: with fewer than 100 samples p99 is the maximum. Everything runs as root, so no per-uid quota applies here.\n\n")
 
-	p("| N | ADD p50 / p99 | tap plugin ADD p50 / p99 | ADD p99 vs tap | to NAPI p50 / p99 | tap plugin: to queues p50 / p99 | intercepted TUNSETIFF p50 / p99 | tap plugin: native TUNSETIFF p50 / p99 | napitapd VmRSS, fds (idle) | napitapd VmRSS, fds (N running) | takeover | SIGKILL to serving | DEL p50 / p99 | tap plugin DEL p50 / p99 | DEL p99 vs tap | CPU per ADD, floor for N | failures |\n")
+	p("| N | ADD p50 / p99 | tap plugin ADD p50 / p99 | ADD p99 vs tap | to NAPI p50 / p99 | tap plugin: to queues p50 / p99 | intercepted TUNSETIFF p50 / p99 | tap plugin: native TUNSETIFF p50 / p99 | napitapd VmRSS, fds (idle) | napitapd VmRSS, fds (N running) | takeover | SIGKILL to serving | DEL p50 / p99 | tap plugin DEL p50 / p99 | DEL p99 vs tap | CPU per ADD, all-process floor | failures |\n")
 	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range r.Rows {
 		w := &r.Rows[i]
@@ -169,8 +192,13 @@ func (r *CapacityReport) Markdown() string {
 			fmtDur(meanCPU(w.Add)), fmtDur(r.CPUFloor(w)),
 			w.AddFailures+w.VMFailures+w.DelFailures+w.RefFailures)
 	}
-	p("\n\"CPU per ADD\" is the mean user+sys of one napitap ADD process at that N; N of them on %d CPUs cannot all finish sooner than the floor, N x that / %d, ", r.Machine.CPUs, r.Machine.CPUs)
-	p("which leaves out napitapd's and the kernel's threads' share, so the real floor is higher.\n\n")
+	p("\n\"CPU per ADD\" is the mean user+sys of one napitap ADD process at that N (wait4's rusage). The all-process floor is below.\n\n")
+	r.burstCPUMarkdown(p)
+	r.splitMarkdown(p)
+	if g := r.Goals(); len(g) > 0 {
+		p("## Goals (issue 46)\n\n")
+		goalsMarkdown(p, "goal", g)
+	}
 
 	if g := r.Growth(); len(g) > 0 {
 		p("## Growth from N=%d to N=%d\n\n", r.Rows[0].Pods, r.Rows[len(r.Rows)-1].Pods)
@@ -206,7 +234,7 @@ func (r *CapacityReport) SVG() string {
 		{"tap plugin (reference) ADD p99", "#9e9e9e", false, p99(ref, 99)},
 		{"tap plugin (reference) ADD p50", "#9e9e9e", true, p99(ref, 50)},
 		{"tap plugin: ADD start to VM's queues p99", "#7fbf8a", false, p99(func(w *CapacityRow) []time.Duration { return w.RefToQueues }, 99)},
-		{"CPU floor of N ADDs", "#222", true, func(w *CapacityRow) time.Duration { return r.CPUFloor(w) }},
+		{"all-process CPU floor of napitap's burst", "#222", true, func(w *CapacityRow) time.Duration { return r.CPUFloor(w) }},
 	}
 	const (
 		left, top, plotW, plotH = 70, 50, 520, 300
@@ -266,6 +294,179 @@ func (r *CapacityReport) SVG() string {
 		ly := top + 10 + i*20
 		p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", left+plotW+30, ly, left+plotW+60, ly, l.color, dash)
 		p(`<text x="%d" y="%d">%s</text>`+"\n", left+plotW+66, ly+4, xmlEscape(l.label))
+	}
+	p("</svg>\n")
+	return b.String()
+}
+
+// burstCPUMarkdown: the CPU every process spent while the pods started.
+func (r *CapacityReport) burstCPUMarkdown(p func(string, ...any)) {
+	p("## The burst's CPU, every process\n\n")
+	p("From the first ADD's start to the last VM holding its queues: the machine's busy time (user, nice, system, irq and softirq of every CPU in /proc/stat, ")
+	p("in 10 ms ticks), and what of it each part spent: the plugins (wait4's rusage, their children included: the `ip` commands of the tap plugin), ")
+	p("the VMs (rusage at their exit, `napitapctl` included), napitapd and napitap-fdstore (/proc/PID/stat, ticks), the bench itself (getrusage) ")
+	p("and perf (with --split); the rest is kernel threads (the taps' NAPI threads, RCU, netns work), softirqs and anything else that ran. ")
+	p("The floor is the busy time over the %d CPUs: the burst cannot end sooner.\n\n", r.Machine.CPUs)
+	p("| N | pods of | window | machine busy | floor | plugins | VMs | napitapd, fdstore | bench | perf | rest | ADD p99 / floor |\n")
+	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range r.Rows {
+		w := &r.Rows[i]
+		for _, k := range []struct {
+			name string
+			c    BurstCPU
+			add  []time.Duration
+		}{{"tap plugin", w.RefBurst, w.RefAdd.Wall}, {"napitap", w.Burst, w.Add.Wall}} {
+			c, floor := k.c, k.c.Floor(r.Machine.CPUs)
+			share := func(d time.Duration) string {
+				if c.Machine <= 0 {
+					return fmtDur(d)
+				}
+				return fmt.Sprintf("%s (%.0f%%)", fmtDur(d), 100*float64(d)/float64(c.Machine))
+			}
+			p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Pods, k.name, fmtDur(c.Window), fmtDur(c.Machine), fmtDur(floor),
+				share(c.Plugins), share(c.VMs), share(c.Daemons), share(c.Bench), share(c.Perf), share(c.Rest()),
+				fmtRatio(Ratio(Percentile(k.add, 99), floor)))
+		}
+	}
+	p("\n")
+}
+
+// splitMarkdown: where the ADDs' time went, for the Ns of --split.
+func (r *CapacityReport) splitMarkdown(p func(string, ...any)) {
+	rows := r.splitRows()
+	if len(rows) == 0 {
+		return
+	}
+	p("## Where an ADD's time goes\n\n")
+	p("`perf sched record -a -g` while the pods start, read back with `perf sched timehist --state`: each thread's time is on a CPU, waiting to run ")
+	p("(woken or preempted, no CPU yet) or blocked, the reason read off the kernel stack it slept in. A process's life, from its first to its last ")
+	p("scheduler event, counts each instant once: on CPU if any of its threads ran, else waiting if any was runnable, else blocked for the first ")
+	p("reason in the order of the columns (a Go program's idle threads always sleep in a futex, so a futex counts only when nothing else waited). ")
+	p("Means per ADD, in brackets the share of the life; \"wall\" is the bench's, fork to reaped.\n\n")
+	reasons := splitReasons(rows)
+	p("| N | ADDs | wall | life | on CPU | waiting to run |")
+	for _, k := range reasons {
+		p(" blocked: %s |", k)
+	}
+	p("\n|---:|---|---:|---:|---:|---:|%s\n", strings.Repeat("---:|", len(reasons)))
+	for _, s := range rows {
+		m := s.mean
+		pct := func(d time.Duration) string {
+			if m.Life <= 0 {
+				return fmtDur(d)
+			}
+			return fmt.Sprintf("%s (%.0f%%)", fmtDur(d), 100*float64(d)/float64(m.Life))
+		}
+		p("| %d | %s | %s | %s | %s | %s |", s.pods, s.label, fmtDur(m.Wall), fmtDur(m.Life), pct(m.OnCPU), pct(m.Runnable))
+		for _, k := range reasons {
+			p(" %s |", pct(m.Blocked[k]))
+		}
+		p("\n")
+	}
+	p("\n![where an ADD's time goes](capacity-split.svg)\n\n")
+}
+
+type splitRow struct {
+	pods  int
+	label string
+	mean  SplitMean
+}
+
+func (r *CapacityReport) splitRows() []splitRow {
+	var rows []splitRow
+	for i := range r.Rows {
+		w := &r.Rows[i]
+		for _, k := range []struct {
+			name string
+			s    *SplitSummary
+		}{{"tap plugin", w.RefSplit}, {"napitap", w.Split}} {
+			if k.s == nil {
+				continue
+			}
+			rows = append(rows,
+				splitRow{w.Pods, fmt.Sprintf("%s, all %d", k.name, k.s.All.ADDs), k.s.All},
+				splitRow{w.Pods, fmt.Sprintf("%s, slowest %d", k.name, k.s.Slowest.ADDs), k.s.Slowest})
+		}
+	}
+	return rows
+}
+
+// splitReasons: the blocking reasons any row has, in blockReasons' order.
+func splitReasons(rows []splitRow) []string {
+	var out []string
+	for _, br := range blockReasons {
+		for _, s := range rows {
+			if s.mean.Blocked[br.name] > 0 {
+				out = append(out, br.name)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// SplitSVG draws each split row as a bar of its mean life, stacked: on
+// CPU, waiting to run, then each blocking reason. Empty without --split.
+func (r *CapacityReport) SplitSVG() string {
+	rows := r.splitRows()
+	if len(rows) == 0 {
+		return ""
+	}
+	reasons := splitReasons(rows)
+	palette := []string{"#8e6bbf", "#c07a2a", "#3a9a4a", "#d4b106", "#7fbf8a", "#5aa0d8", "#b05050", "#999", "#ccc", "#e0e0e0", "#f0f0f0"}
+	parts := []string{"on CPU", "waiting to run"}
+	parts = append(parts, reasons...)
+	colors := map[string]string{"on CPU": "#2f6fb0", "waiting to run": "#e06c3a"}
+	for i, k := range reasons {
+		colors[k] = palette[i%len(palette)]
+	}
+	value := func(m SplitMean, part string) time.Duration {
+		switch part {
+		case "on CPU":
+			return m.OnCPU
+		case "waiting to run":
+			return m.Runnable
+		}
+		return m.Blocked[part]
+	}
+	const left, top, plotW, barH, gap, legendW = 230, 50, 520, 18, 8, 260
+	var hi time.Duration
+	for _, s := range rows {
+		hi = max(hi, s.mean.Life)
+	}
+	step, ticks := niceTicks(hi)
+	xOf := func(d time.Duration) float64 { return left + float64(d)/float64(step*time.Duration(ticks))*plotW }
+	plotH := len(rows) * (barH + gap)
+	width, height := left+plotW+30+legendW, top+max(plotH, 20*len(parts))+50
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
+	p(`<text x="10" y="20" font-size="15" font-weight="bold">Where an ADD's time goes under a burst (perf sched), mean per ADD</text>` + "\n")
+	p(`<text x="10" y="38" fill="#555">%s, %d CPUs, %s</text>`+"\n", xmlEscape(r.Machine.Kernel), r.Machine.CPUs, r.Started.UTC().Format("2006-01-02"))
+	for t := 0; t <= ticks; t++ {
+		x := xOf(step * time.Duration(t))
+		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, top+plotH)
+		p(`<text x="%.1f" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", x, top+plotH+16, tickLabel(step*time.Duration(t)))
+	}
+	for i, s := range rows {
+		y := top + i*(barH+gap)
+		p(`<text x="%d" y="%d" text-anchor="end">N=%d, %s</text>`+"\n", left-6, y+barH-4, s.pods, xmlEscape(s.label))
+		var at time.Duration
+		for _, part := range parts {
+			d := value(s.mean, part)
+			if d <= 0 {
+				continue
+			}
+			p(`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s: %s</title></rect>`+"\n",
+				xOf(at), y, xOf(at+d)-xOf(at), barH, colors[part], xmlEscape(part), fmtDur(d))
+			at += d
+		}
+	}
+	for i, part := range parts {
+		ly := top + 10 + i*20
+		p(`<rect x="%d" y="%d" width="14" height="12" fill="%s"/>`+"\n", left+plotW+30, ly-10, colors[part])
+		p(`<text x="%d" y="%d">%s</text>`+"\n", left+plotW+50, ly, xmlEscape(part))
 	}
 	p("</svg>\n")
 	return b.String()

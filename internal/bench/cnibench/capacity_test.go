@@ -76,19 +76,55 @@ func TestTheGrowthFromTheFirstNToTheLastIsJudgedAgainstTheIssuesGoals(t *testing
 	}
 }
 
-func TestTheCPUFloorIsNAddsOfTheMeanCPUSharedByTheCPUs(t *testing.T) {
+func TestTheCPUFloorIsTheBurstsBusyTimeSharedByTheCPUs(t *testing.T) {
 	r := &CapacityReport{Machine: Machine{CPUs: 2}}
-	row := CapacityRow{Pods: 110, Add: Series{CPU: ms(20, 30)}}
-	if got, want := r.CPUFloor(&row), 110*25*time.Millisecond/2; got != want {
+	row := CapacityRow{Pods: 110, Burst: BurstCPU{Machine: 3 * time.Second, Plugins: time.Second, VMs: 500 * time.Millisecond}}
+	if got, want := r.CPUFloor(&row), 1500*time.Millisecond; got != want {
 		t.Errorf("CPUFloor = %v, want %v", got, want)
+	}
+	if got, want := row.Burst.Rest(), 1500*time.Millisecond; got != want {
+		t.Errorf("Rest = %v, want %v", got, want)
+	}
+}
+
+func TestTheIssuesGoalsAreJudgedAtTheLastN(t *testing.T) {
+	cases := []struct {
+		name                string
+		add, ref            []time.Duration
+		floorMet, versusMet bool
+	}{
+		{"a p99 at twice the floor and half the reference's meets both", ms(100, 1000), ms(2000), true, true},
+		{"a p99 past twice the floor misses that goal", ms(1001), ms(2002), false, true},
+		{"a p99 past half the reference's misses that goal", ms(900), ms(1700), true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := &CapacityReport{Machine: Machine{CPUs: 2}, Rows: []CapacityRow{
+				{Pods: 1}, {Pods: 110, Add: Series{Wall: c.add}, RefAdd: Series{Wall: c.ref}, Burst: BurstCPU{Machine: time.Second}},
+			}}
+			g := r.Goals()
+			if len(g) != 2 || !g[0].Known || !g[1].Known {
+				t.Fatalf("goals %+v, want two judged", g)
+			}
+			if g[0].Met != c.floorMet || g[1].Met != c.versusMet {
+				t.Errorf("met %v and %v, want %v and %v: %+v", g[0].Met, g[1].Met, c.floorMet, c.versusMet, g)
+			}
+			if !strings.Contains(g[0].Name, "N=110") {
+				t.Errorf("goal %q does not name N=110", g[0].Name)
+			}
+		})
 	}
 }
 
 func TestTheCapacityReportRendersItsTableAndAWellFormedPlot(t *testing.T) {
 	r := &CapacityReport{CommandLine: "napitap-bench capacity --pods 1,110", Machine: Machine{CPUs: 2, Kernel: "6.18.0"}, Queues: 4,
 		Rows: []CapacityRow{capacityRow(1, ms(10), ms(20), 10*mib, 20), capacityRow(110, ms(400, 735), ms(800), 17*mib, 347)}}
+	split := SplitMean{ADDs: 110, Wall: ms(300)[0], Split: Split{Life: ms(290)[0], OnCPU: ms(10)[0], Runnable: ms(80)[0],
+		Blocked: map[string]time.Duration{"rtnl lock": ms(200)[0]}}}
+	r.Rows[1].Split = &SplitSummary{All: split, Slowest: split}
 	md := r.Markdown()
 	for _, want := range []string{
+		"| 110 | napitap, all 110 | 300 ms | 290 ms | 10.0 ms (3%) | 80.0 ms (28%) | 200 ms (69%) |", "capacity-split.svg",
 		"napitap-bench capacity --pods 1,110", "| 110 | 400 ms / 735 ms |", "| 100 µs / 300 µs | 8 µs / 20 µs |", "17.0 MiB, 347", "`vm plain tap0 4`",
 		"## Growth from N=1 to N=110", "**missed**", "| met |",
 	} {
@@ -96,8 +132,7 @@ func TestTheCapacityReportRendersItsTableAndAWellFormedPlot(t *testing.T) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
 	}
-	for _, r := range []*CapacityReport{r, {}} {
-		svg := r.SVG()
+	for _, svg := range []string{r.SVG(), (&CapacityReport{}).SVG(), r.SplitSVG()} {
 		d := xml.NewDecoder(strings.NewReader(svg))
 		for {
 			if _, err := d.Token(); err == io.EOF {
@@ -146,16 +181,17 @@ func TestTheCapacityBenchmarkRunsTwoVMPods(t *testing.T) {
 	}
 	defer devnull.Close()
 	os.Stdout = devnull // the report, which is read from the file
-	err = CapacityMain([]string{"--pods", "2", "--out", out})
+	err = CapacityMain([]string{"--pods", "2", "--split", "2", "--out", out})
 	os.Stdout = stdout
 	if err != nil {
-		t.Fatalf("napitap-bench capacity --pods 2: %v", err)
+		t.Fatalf("napitap-bench capacity --pods 2 --split 2: %v", err)
 	}
 	md, err := os.ReadFile(filepath.Join(out, "capacity.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| 2 | ", "napitap-fdstore"} {
+	// --split: every ADD found in perf's events, each split.
+	for _, want := range []string{"| 2 | ", "napitap-fdstore", "| 2 | napitap, all 2 |", "| 2 | tap plugin, all 2 |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("capacity.md lacks %q:\n%s", want, md)
 		}
@@ -163,7 +199,9 @@ func TestTheCapacityBenchmarkRunsTwoVMPods(t *testing.T) {
 	if strings.Contains(string(md), "FAILED") || strings.Contains(string(md), "INCOMPLETE") {
 		t.Errorf("capacity.md reports failures:\n%s", md)
 	}
-	if _, err := os.Stat(filepath.Join(out, "capacity.svg")); err != nil {
-		t.Error(err)
+	for _, svg := range []string{"capacity.svg", "capacity-split.svg"} {
+		if _, err := os.Stat(filepath.Join(out, svg)); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -148,6 +148,7 @@ type bench struct {
 	build    string
 	host     *netNS
 	daemon   *daemon
+	fdstore  *child // capacity: the napitap-fdstore every napitapd of the run keeps its copies in
 	launcher *launcher
 	daemons  int // napitapds started, for their log files' names
 
@@ -378,6 +379,7 @@ func linksOf(n *netNS) ([]string, error) {
 
 // run is one plugin process.
 type run struct {
+	Pid    int // set by execNow
 	Wall   time.Duration
 	CPU    time.Duration // user+sys
 	Sys    time.Duration

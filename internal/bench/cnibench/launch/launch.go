@@ -196,9 +196,9 @@ func prepare(env []string, req *Req) *proc {
 		p.err = errors.New("empty argv")
 		return p
 	}
-	if p.stdin, p.err = filledPipe(req.Stdin); p.err == nil {
-		if p.stdout, p.err = memFile("stdout"); p.err == nil {
-			p.stderr, p.err = memFile("stderr")
+	if p.stdin, p.err = FilledPipe(req.Stdin); p.err == nil {
+		if p.stdout, p.err = MemFile("stdout"); p.err == nil {
+			p.stderr, p.err = MemFile("stderr")
 		}
 	}
 	if p.err != nil {
@@ -250,12 +250,12 @@ func (p *proc) reap(at time.Time) Res {
 	} else if status.Signaled() {
 		res.Signal = status.Signal().String()
 	}
-	res.Stdout, res.Stderr = readAll(p.stdout), readAll(p.stderr)
+	res.Stdout, res.Stderr = ReadAll(p.stdout), ReadAll(p.stderr)
 	return res
 }
 
-// filledPipe returns the read end of a pipe holding data, write end closed.
-func filledPipe(data []byte) (*os.File, error) {
+// FilledPipe returns the read end of a pipe holding data, write end closed.
+func FilledPipe(data []byte) (*os.File, error) {
 	if len(data) > 60<<10 {
 		return nil, fmt.Errorf("config of %d bytes does not fit a pipe", len(data))
 	}
@@ -274,7 +274,9 @@ func filledPipe(data []byte) (*os.File, error) {
 	return r, nil
 }
 
-func memFile(name string) (*os.File, error) {
+// MemFile is an anonymous file in memory for a child's output: no reader
+// goroutine, and a write never blocks.
+func MemFile(name string) (*os.File, error) {
 	fd, err := unix.MemfdCreate("napitap-bench-"+name, unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -282,7 +284,8 @@ func memFile(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-func readAll(f *os.File) []byte {
+// ReadAll reads f from its start.
+func ReadAll(f *os.File) []byte {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil
 	}
