@@ -95,11 +95,11 @@ type HandoffConf struct {
 const (
 	// HandoffFDs: napitapd holds ADD's queues until the runtime fetches them.
 	HandoffFDs = "fds"
-	// HandoffIntercept: ADD closes its queues and napitapd records the
+	// HandoffIntercept: ADD closes its one queue and napitapd records the
 	// attachment; the runtime opens the tap by name and napitapd's seccomp
 	// agent makes that open a NAPI one.
 	HandoffIntercept = "intercept"
-	// HandoffOff: ADD closes its queues; a runtime that opens the tap by
+	// HandoffOff: ADD closes its one queue; a runtime that opens the tap by
 	// name gets plain ones.
 	HandoffOff = "off"
 )

@@ -70,6 +70,12 @@ func handOff(conf *config.Config, args *skel.CmdArgs, att *handoff.Attachment, q
 	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("handoff: %v%s", err, hint), "")
 }
 
+// handsOverQueues: ADD's queues go to napitapd (fds mode); in any other
+// mode ADD closes them.
+func handsOverQueues(conf *config.Config) bool {
+	return conf.HandoffSocket != "" && conf.HandoffMode == config.HandoffFDs
+}
+
 // handoffNeeded: ADD fails when napitapd cannot take the attachment.
 func handoffNeeded(conf *config.Config) bool {
 	return conf.HandoffRequired || conf.HandoffMode == config.HandoffFDs

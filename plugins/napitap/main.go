@@ -103,6 +103,15 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		defer nl.Close()
 		spec := tapSpec(conf)
 		spec.Alias = tapsetup.OwnerAlias(args.ContainerID, args.IfName)
+		if !handsOverQueues(conf) {
+			// The runtime attaches its own queues by name. Each queue ADD
+			// closes takes rtnl for two RCU grace periods (tun_detach),
+			// which every other ADD, DEL and TUNSETIFF on the node waits
+			// for under a burst: one queue makes the tap and takes its
+			// NAPI knobs, which the queues attached later inherit
+			// (DESIGN.md fact 9).
+			spec.Queues = 1
+		}
 		var peer netlink.Link
 		if conf.PeerIfName != "" {
 			if peer, err = nl.LinkByName(conf.PeerIfName); err != nil {
