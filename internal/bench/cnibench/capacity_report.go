@@ -2,6 +2,8 @@ package cnibench
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -386,6 +388,10 @@ func (r *CapacityReport) splitRows() []splitRow {
 			rows = append(rows,
 				splitRow{w.Pods, fmt.Sprintf("%s, all %d", k.name, k.s.All.ADDs), k.s.All},
 				splitRow{w.Pods, fmt.Sprintf("%s, slowest %d", k.name, k.s.Slowest.ADDs), k.s.Slowest})
+			for _, mode := range slices.Sorted(maps.Keys(k.s.Modes)) {
+				m := k.s.Modes[mode]
+				rows = append(rows, splitRow{w.Pods, fmt.Sprintf("%s, %s mode %d", k.name, mode, m.ADDs), m})
+			}
 		}
 	}
 	return rows

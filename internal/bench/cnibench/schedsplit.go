@@ -421,9 +421,11 @@ type SplitMean struct {
 	Split
 }
 
-// SplitSummary is a burst's: all its ADDs, and its slowest tenth by wall.
+// SplitSummary is a burst's: all its ADDs, its slowest tenth by wall, and
+// its ADDs of each hand-off mode where it has more than one.
 type SplitSummary struct {
 	All, Slowest SplitMean
+	Modes        map[string]SplitMean
 }
 
 func summarize(vms []*vmPod, splits map[int]*Split) *SplitSummary {
@@ -456,5 +458,15 @@ func summarize(vms []*vmPod, splits map[int]*Split) *SplitSummary {
 		}
 		return m
 	}
-	return &SplitSummary{All: mean(adds), Slowest: mean(adds[:(len(adds)+9)/10])}
+	sum := &SplitSummary{All: mean(adds), Slowest: mean(adds[:(len(adds)+9)/10]), Modes: map[string]SplitMean{}}
+	byMode := map[string][]*vmPod{}
+	for _, v := range adds {
+		byMode[v.mode()] = append(byMode[v.mode()], v)
+	}
+	if len(byMode) > 1 {
+		for mode, vs := range byMode {
+			sum.Modes[mode] = mean(vs)
+		}
+	}
+	return sum
 }
