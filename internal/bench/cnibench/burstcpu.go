@@ -19,6 +19,9 @@ type BurstCPU struct {
 	Machine                      time.Duration
 	Plugins, VMs, Daemons, Bench time.Duration
 	Perf                         time.Duration // perf sched record, with --split
+	// KernelThreads is what of the rest the kernel's threads spent on a
+	// CPU, by kind (kernelThreads), from perf's events: with --split only.
+	KernelThreads map[string]time.Duration
 }
 
 // Rest is the machine's busy time that no process above accounts for.

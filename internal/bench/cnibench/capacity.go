@@ -504,11 +504,12 @@ func (b *bench) measuredStart(ctx context.Context, kind string, vms []*vmPod, in
 	for _, v := range vms {
 		pids = append(pids, v.add.Pid)
 	}
-	splits, err := rec.split(pids)
+	splits, kthreads, err := rec.split(pids)
 	if err != nil {
 		b.fail("N=%d: %v", len(vms), err)
 		return c, nil
 	}
+	c.KernelThreads = kthreads
 	return c, summarize(vms, splits)
 }
 

@@ -331,6 +331,27 @@ func (r *CapacityReport) burstCPUMarkdown(p func(string, ...any)) {
 		}
 	}
 	p("\n")
+	for i := range r.Rows {
+		w := &r.Rows[i]
+		for _, k := range []struct {
+			name string
+			c    BurstCPU
+		}{{"tap plugin", w.RefBurst}, {"napitap", w.Burst}} {
+			if len(k.c.KernelThreads) == 0 {
+				continue
+			}
+			var parts []string
+			var sum time.Duration
+			for _, kt := range kernelThreads {
+				if d := k.c.KernelThreads[kt.name]; d > 0 {
+					parts = append(parts, fmt.Sprintf("%s %s", kt.name, fmtDur(d)))
+					sum += d
+				}
+			}
+			p("- N=%d, %s: the kernel's threads ran %s while perf recorded (%s).\n", w.Pods, k.name, fmtDur(sum), strings.Join(parts, ", "))
+		}
+	}
+	p("\n")
 }
 
 // splitMarkdown: where the ADDs' time went, for the Ns of --split.

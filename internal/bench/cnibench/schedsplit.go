@@ -108,17 +108,18 @@ func (r *schedRecord) stop() (time.Duration, error) {
 }
 
 // split reads the recording back and splits the life of each of pids,
-// their children's (the tap plugin's `ip` commands) merged in.
-func (r *schedRecord) split(pids []int) (map[int]*Split, error) {
+// their children's (the tap plugin's `ip` commands) merged in; and says
+// how long the kernel's threads ran meanwhile.
+func (r *schedRecord) split(pids []int) (map[int]*Split, map[string]time.Duration, error) {
 	var forks map[int][]int
 	if err := perfOutput(func(out io.Reader) (err error) { forks, err = parseForks(out); return err },
 		"script", "-i", r.path, "-G", "-F", "trace"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var h *timehist
 	if err := perfOutput(func(out io.Reader) (err error) { h, err = parseTimehist(out); return err },
 		"sched", "timehist", "-i", r.path, "--state", "--max-stack", "12"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := map[int]*Split{}
 	for _, pid := range pids {
@@ -126,7 +127,7 @@ func (r *schedRecord) split(pids []int) (map[int]*Split, error) {
 			out[pid] = sweep(h.tree(pid, forks))
 		}
 	}
-	return out, nil
+	return out, h.kthreads, nil
 }
 
 // perfOutput runs perf with args, its stdout read by parse.
@@ -280,7 +281,28 @@ func className(c int) string {
 
 // timehistLine: time, [cpu], comm[tid/pid] or comm[pid], wait, sch delay
 // and run time in ms, the state, then the stack.
-var timehistLine = regexp.MustCompile(`^\s*(\d+\.\d+)\s+\[\d+\]\s+.*\[(\d+)(?:/(\d+))?\]\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\S+)\s*(.*)$`)
+var timehistLine = regexp.MustCompile(`^\s*(\d+\.\d+)\s+\[\d+\]\s+(.*)\[(\d+)(?:/(\d+))?\]\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\S+)\s*(.*)$`)
+
+// kernelThreads name the kernel's threads by their comm's start: what
+// of a burst's CPU went to them.
+var kernelThreads = []struct{ name, comms string }{
+	{"NAPI threads", "napi/"},
+	{"kworkers", "kworker/"},
+	{"RCU", "rcu"},
+	{"softirq threads", "ksoftirqd/"},
+	{"other kernel threads", "kthreadd migration/ cpuhp/ kcompactd khugepaged kswapd jbd2/ irq/ idle_inject/ oom_reaper writeback"},
+}
+
+func kernelThread(comm string) string {
+	for _, k := range kernelThreads {
+		for _, c := range strings.Fields(k.comms) {
+			if strings.HasPrefix(comm, c) {
+				return k.name
+			}
+		}
+	}
+	return ""
+}
 
 type interval struct {
 	from, to int64 // ns of perf's clock
@@ -292,6 +314,8 @@ type interval struct {
 type timehist struct {
 	spans map[int][]interval
 	tgid  map[int]int
+	// kthreads is the kernel's threads' time on a CPU, by kernelThreads.
+	kthreads map[string]time.Duration
 }
 
 // tree is pid's intervals with those of the processes it forked, and
@@ -318,7 +342,7 @@ func (h *timehist) tree(pid int, forks map[int][]int) []interval {
 
 // parseTimehist reads `perf sched timehist --state` output.
 func parseTimehist(in io.Reader) (*timehist, error) {
-	h := &timehist{spans: map[int][]interval{}, tgid: map[int]int{}}
+	h := &timehist{spans: map[int][]interval{}, tgid: map[int]int{}, kthreads: map[string]time.Duration{}}
 	type thread struct {
 		state, stack string
 		seen         bool
@@ -332,17 +356,21 @@ func parseTimehist(in io.Reader) (*timehist, error) {
 		if m == nil {
 			continue
 		}
-		tid, _ := strconv.Atoi(m[2])
+		comm := strings.TrimSpace(m[2])
+		tid, _ := strconv.Atoi(m[3])
 		pid := tid
-		if m[3] != "" {
-			pid, _ = strconv.Atoi(m[3])
+		if m[4] != "" {
+			pid, _ = strconv.Atoi(m[4])
 		}
 		h.tgid[tid] = pid
 		at := int64(0)
 		if f, err := strconv.ParseFloat(m[1], 64); err == nil {
 			at = int64(f * 1e9)
 		}
-		wait, delay, run := ms(m[4]), ms(m[5]), ms(m[6])
+		wait, delay, run := ms(m[5]), ms(m[6]), ms(m[7])
+		if k := kernelThread(comm); k != "" {
+			h.kthreads[k] += time.Duration(run)
+		}
 		t := threads[tid]
 		if t == nil {
 			t = &thread{}
@@ -361,7 +389,7 @@ func parseTimehist(in io.Reader) (*timehist, error) {
 			s = append(s, interval{in - delay, in, classRunnable})
 		}
 		h.spans[pid] = s
-		t.state, t.stack, t.seen = m[7], m[8], true
+		t.state, t.stack, t.seen = m[8], m[9], true
 	}
 	return h, sc.Err()
 }

@@ -42,6 +42,7 @@ const timehistSample = `           time    cpu  task name                       
      100.006000 [0001]  plug[501/500]                       3.000      1.000      0.500      S    futex_do_wait <- __futex_wait
      100.007000 [0000]  plug[500]                           3.500      0.000      0.500      X    do_task_dead <- do_exit
      100.004000 [0001]  other[600]                          0.000      0.000      1.000      S    do_nanosleep
+     100.004200 [0001]  napi/tap0-0[700]                    0.000      0.000      0.200      S    napi_thread_wait <- napi_threaded_poll
 `
 
 func TestAProcessLifeCountsEachInstantOnceInItsMostTellingState(t *testing.T) {
@@ -76,5 +77,8 @@ func TestAProcessLifeCountsEachInstantOnceInItsMostTellingState(t *testing.T) {
 	}
 	if other := h.spans[600]; len(other) == 0 {
 		t.Errorf("another process's events were dropped")
+	}
+	if got := h.kthreads["NAPI threads"]; got != ms(0.2) {
+		t.Errorf("NAPI threads ran %v, want 200µs (all: %v)", got, h.kthreads)
 	}
 }
