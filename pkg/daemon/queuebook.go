@@ -83,7 +83,13 @@ func newQueueBook(log *slog.Logger, m *metrics.Metrics) *queueBook {
 
 // agentEvent is the agent's OnQueue.
 func (b *queueBook) agentEvent(ev seccompagent.QueueEvent) {
-	pid := processOf(ev.Tid)
+	// The agent reads the caller's process with its credentials where it
+	// attaches: reading /proc/TID/status again cost more than the rest of
+	// the record, on the CPU the caller's next call wants.
+	pid := ev.PID
+	if pid <= 0 {
+		pid = processOf(ev.Tid)
+	}
 	why := clip(ev.Why)
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -67,8 +67,15 @@ func TestEveryPlainQueueIsCountedOnceAndNamed(t *testing.T) {
 	b := newQueueBook(slog.New(slog.NewTextHandler(&log, nil)), m)
 	const origin = "pod plainq-ns/plainq-vm container compute"
 	b.keepOrigin("listener/L1", origin)
+	// The agent tells the caller's process of a queue it attached, read
+	// with its credentials; of one it left to the kernel, napitapd reads
+	// it.
 	event := func(fd int, napi bool, why string) seccompagent.QueueEvent {
-		return seccompagent.QueueEvent{Tid: os.Getpid(), FD: int32(fd), NetnsID: netnsID, Tap: tap, Attachment: att.Key.String(), Listener: origin, NAPI: napi, Why: why}
+		ev := seccompagent.QueueEvent{Tid: os.Getpid(), FD: int32(fd), NetnsID: netnsID, Tap: tap, Attachment: att.Key.String(), Listener: origin, NAPI: napi, Why: why}
+		if napi {
+			ev.PID = os.Getpid()
+		}
+		return ev
 	}
 
 	before := open()

@@ -33,6 +33,10 @@ type Creds struct {
 	// InitNetAdmin: CAP_NET_ADMIN in napitapd's user namespace, the
 	// initial one (capable()), which IFF_NAPI_FRAGS needs.
 	InitNetAdmin bool
+	// PID is the thread's process (its thread group), which
+	// PIDFD_GET_INFO and /proc/TID/status give with the credentials; 0
+	// where unread.
+	PID int
 
 	napitapdCaps uint64 // the capabilities of CapEff that hold in napitapd's user namespace
 	userNS       nsID
@@ -63,7 +67,7 @@ func Thread(tid, pidfd int, netns *Netns) (Creds, error) {
 	if err != nil {
 		return c, goneOr(err)
 	}
-	c.EUID, c.EGID = info.Euid, info.Egid
+	c.EUID, c.EGID, c.PID = info.Euid, info.Egid, int(info.Tgid)
 	if c.CapEff == 0 && !netns.ownedBy(c.EUID) {
 		return c, nil
 	}
@@ -337,6 +341,10 @@ func parseStatus(b []byte) (Creds, error) {
 		fields := strings.Fields(val)
 		var err error
 		switch key {
+		case "Tgid":
+			if len(fields) == 1 {
+				c.PID, err = strconv.Atoi(fields[0])
+			}
 		case "Uid", "Gid":
 			// real, effective, saved, fs
 			if len(fields) < 2 {

@@ -75,7 +75,7 @@ func TestEachFallbackRunsWhereTheKernelLacksItsInterface(t *testing.T) {
 	if c.GroupsRead == hasInfo {
 		t.Errorf("Thread read the groups: %v; with PIDFD_GET_INFO %v it should be %v", c.GroupsRead, hasInfo, !hasInfo)
 	}
-	if c.EUID != uint32(os.Geteuid()) || c.EGID != uint32(os.Getegid()) || !c.InitNetAdmin {
+	if c.EUID != uint32(os.Geteuid()) || c.EGID != uint32(os.Getegid()) || !c.InitNetAdmin || c.PID != os.Getpid() {
 		t.Errorf("Thread of this root test: %+v", c)
 	}
 

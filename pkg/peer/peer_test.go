@@ -327,12 +327,12 @@ func threadCreds(t *testing.T, tid, netnsFD int) Creds {
 }
 
 func TestParseStatus(t *testing.T) {
-	status := "Name:\tqemu\nUid:\t107\t107\t107\t107\nGid:\t1\t108\t108\t108\nGroups:\t36 108 \nCapEff:\t0000000000001000\n"
+	status := "Name:\tqemu\nTgid:\t4242\nUid:\t107\t107\t107\t107\nGid:\t1\t108\t108\t108\nGroups:\t36 108 \nCapEff:\t0000000000001000\n"
 	c, err := parseStatus([]byte(status))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.EUID != 107 || c.EGID != 108 || len(c.Groups) != 2 || c.Groups[1] != 108 || c.CapEff != 1<<unix.CAP_NET_ADMIN {
+	if c.EUID != 107 || c.EGID != 108 || len(c.Groups) != 2 || c.Groups[1] != 108 || c.CapEff != 1<<unix.CAP_NET_ADMIN || c.PID != 4242 {
 		t.Errorf("parsed %+v", c)
 	}
 	if _, err := parseStatus([]byte("Name:\tx\n")); err == nil {

@@ -75,6 +75,7 @@ type Options struct {
 // (Options.OnQueue).
 type QueueEvent struct {
 	Tid        int    // the caller's thread
+	PID        int    // its process, read with its credentials while it was blocked in the call; 0: unread
 	FD         int32  // the caller's fd number
 	NetnsID    uint64 // the tap's netns (tapsetup.NetnsID); 0 with Tap ""
 	Tap        string // "" when the agent could not read which tap

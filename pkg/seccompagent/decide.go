@@ -263,7 +263,7 @@ func (a *Agent) decide(listener int, n *seccompNotif, sock *netnsSocket, prev *a
 	}
 	var event *QueueEvent
 	if managed {
-		event = &QueueEvent{NetnsID: netnsID, Tap: ifr.name, Attachment: t.Key, NAPI: true}
+		event = &QueueEvent{PID: c.PID, NetnsID: netnsID, Tap: ifr.name, Attachment: t.Key, NAPI: true}
 	}
 	return verdict{queue: queue, event: event, announce: func() {
 		if creates {

@@ -514,15 +514,22 @@ type tapSpec struct {
 	name         string
 	multiQueue   bool
 	owner, group *uint32
+	// threaded: threaded NAPI, ADD's default, switched on while the
+	// queue ADD made is attached (DESIGN.md fact 9): each queue attached
+	// with NAPI later gets a kernel thread of its own.
+	threaded bool
 }
 
 func newTap(t testing.TB, netns *nstest.NetNS, s tapSpec) {
 	t.Helper()
-	flags := tapsetup.QueueFlags{MultiQueue: s.multiQueue, VnetHdr: true}
+	flags := tapsetup.QueueFlags{MultiQueue: s.multiQueue, VnetHdr: true, NAPI: s.threaded}
 	netns.Run(t, func() error {
 		tap, queues, err := tapsetup.Create(tapsetup.Spec{Name: s.name, Queues: 1, Flags: flags, VnetHdrSize: vnetHdrLen, Owner: s.owner, Group: s.group})
 		if err != nil {
 			return err
+		}
+		if s.threaded {
+			err = tapsetup.ApplyNAPIKnobsHere(s.name, tapsetup.NAPIKnobs{Threaded: true})
 		}
 		tapsetup.CloseQueues(queues)
 		t.Cleanup(func() {
@@ -530,6 +537,9 @@ func newTap(t testing.TB, netns *nstest.NetNS, s tapSpec) {
 				t.Errorf("deleting tap %q in netns %s: %v", s.name, netns.Name, err)
 			}
 		})
+		if err != nil {
+			return err
+		}
 		return netlink.LinkSetUp(tap)
 	})
 	gro := uint64(200_000)
