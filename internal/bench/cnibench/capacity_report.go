@@ -382,7 +382,7 @@ func (r *CapacityReport) splitMarkdown(p func(string, ...any)) {
 		}
 		p("| %d | %s | %s | %s | %s | %s |", s.pods, s.label, fmtDur(m.Wall), fmtDur(m.Life), pct(m.OnCPU), pct(m.Runnable))
 		for _, k := range reasons {
-			p(" %s |", pct(m.Blocked[k]))
+			p(" %s |", pct(blocked(m, k, reasons)))
 		}
 		p("\n")
 	}
@@ -418,18 +418,37 @@ func (r *CapacityReport) splitRows() []splitRow {
 	return rows
 }
 
-// splitReasons: the blocking reasons any row has, in blockReasons' order.
+// splitReasons: the blocking reasons that take at least 1% of some row's
+// life, in blockReasons' order; the others make restReason.
 func splitReasons(rows []splitRow) []string {
 	var out []string
 	for _, br := range blockReasons {
 		for _, s := range rows {
-			if s.mean.Blocked[br.name] > 0 {
+			if s.mean.Life > 0 && s.mean.Blocked[br.name]*100 >= s.mean.Life {
 				out = append(out, br.name)
 				break
 			}
 		}
 	}
-	return out
+	return append(out, restReason)
+}
+
+// restReason is every blocking reason splitReasons leaves out, together.
+const restReason = "anything else"
+
+// blocked is what m spent blocked for reason, restReason summing those
+// that are not in shown.
+func blocked(m SplitMean, reason string, shown []string) time.Duration {
+	if reason != restReason {
+		return m.Blocked[reason]
+	}
+	var d time.Duration
+	for k, v := range m.Blocked {
+		if !slices.Contains(shown, k) {
+			d += v
+		}
+	}
+	return d
 }
 
 // SplitSVG draws each split row as a bar of its mean life, stacked: on
@@ -454,7 +473,7 @@ func (r *CapacityReport) SplitSVG() string {
 		case "waiting to run":
 			return m.Runnable
 		}
-		return m.Blocked[part]
+		return blocked(m, part, reasons)
 	}
 	const left, top, plotW, barH, gap, legendW = 230, 50, 520, 18, 8, 260
 	var hi time.Duration
