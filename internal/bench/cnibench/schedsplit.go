@@ -182,19 +182,21 @@ type Split struct {
 // blockReasons name what a sleeping thread waited for, from the frames of
 // the stack it slept in, most telling first: a Go program's idle threads
 // always sleep in a futex and its sysmon in nanosleep, and a parent in
-// wait4 waits for a child whose own time is counted, so those come last
-// and count only when nothing else waited. A frame matches a name that
+// epoll or wait4 may be waiting for a child whose own time is counted, so
+// those come last and count only when nothing else waited. A frame matches a name that
 // it starts with.
 var blockReasons = []struct{ name, frames string }{
 	{"RCU grace period", "synchronize_rcu synchronize_net rcu_barrier wait_rcu_gp synchronize_srcu"},
 	{"rtnl lock", "rtnl_lock rtnl_net_lock __rtnl_lock"}, // or a mutex taken in rtnetlink_rcv_msg: lockHolder
 	{"another kernel lock", ""}, // a mutex or rwsem held elsewhere: lockHolder
 	{"a unix socket", "unix_stream_read unix_stream_recvmsg unix_wait_for_peer unix_dgram_recvmsg unix_stream_connect"},
-	{"epoll (Go's netpoller: a socket)", "do_epoll_wait ep_poll"},
-	{"a pipe (stdin, stdout)", "anon_pipe_read pipe_read anon_pipe_write pipe_write wait_for_partner"},
 	{"sysfs", "kernfs_ sysfs_"},
 	{"exec, page faults, file I/O", "io_schedule folio_wait filemap_ bit_wait_io exc_page_fault handle_mm_fault do_execveat"},
 	{"other", ""},
+	// Below what a child of the process may be doing: a parent waits on
+	// its child's pipes (Go's os/exec) as napitap waits on napitapd.
+	{"epoll (Go's netpoller: a socket or a child's pipe)", "do_epoll_wait ep_poll"},
+	{"a pipe (stdin, stdout)", "anon_pipe_read pipe_read anon_pipe_write pipe_write wait_for_partner"},
 	{"a child (wait4)", "do_wait kernel_wait4"},
 	{"futex (Go's idle threads)", "futex_wait futex_do_wait __futex_wait"},
 	{"nanosleep (Go's sysmon)", "do_nanosleep"},

@@ -16,7 +16,7 @@ func TestABlockedThreadIsFiledUnderWhatItsStackWaitedFor(t *testing.T) {
 		{"rcu_barrier's own mutex is the grace period's", "schedule_preempt_disabled <- __mutex_lock.constprop.0 <- rcu_barrier <- netdev_run_todo <- rtnl_dellink", "RCU grace period"},
 		{"an expedited grace period under rtnl", "synchronize_rcu_expedited <- unregister_netdevice_many_notify <- rtnl_dellink <- netlink_rcv_skb", "RCU grace period"},
 		{"a mutex of kernfs is another lock", "schedule_preempt_disabled <- rwsem_down_write_slowpath <- down_write <- kernfs_add_one", "another kernel lock"},
-		{"Go's netpoller", "schedule_hrtimeout_range_clock <- do_epoll_wait <- do_epoll_pwait.part.0 <- __x64_sys_epoll_pwait", "epoll (Go's netpoller: a socket)"},
+		{"Go's netpoller", "schedule_hrtimeout_range_clock <- do_epoll_wait <- do_epoll_pwait.part.0 <- __x64_sys_epoll_pwait", "epoll (Go's netpoller: a socket or a child's pipe)"},
 		{"reading the config from stdin", "anon_pipe_read <- vfs_read <- ksys_read <- do_syscall_64", "a pipe (stdin, stdout)"},
 		{"an idle Go thread is a futex, not a wait for a child", "futex_do_wait <- __futex_wait <- futex_wait <- do_futex", "futex (Go's idle threads)"},
 		{"a parent reaping its child", "do_wait <- kernel_wait4 <- __do_sys_wait4 <- do_syscall_64", "a child (wait4)"},
