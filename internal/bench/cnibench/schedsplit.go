@@ -113,7 +113,7 @@ func (r *schedRecord) stop() (time.Duration, error) {
 func (r *schedRecord) split(pids []int) (map[int]*Split, map[string]time.Duration, error) {
 	var forks map[int][]int
 	if err := perfOutput(func(out io.Reader) (err error) { forks, err = parseForks(out); return err },
-		"script", "-i", r.path, "-G", "-F", "trace"); err != nil {
+		"script", "-i", r.path, "-G", "-F", "event,trace"); err != nil {
 		return nil, nil, err
 	}
 	var h *timehist

@@ -45,6 +45,35 @@ const timehistSample = `           time    cpu  task name                       
      100.004200 [0001]  napi/tap0-0[700]                    0.000      0.000      0.200      S    napi_thread_wait <- napi_threaded_poll
 `
 
+func TestAChildsTimeCountsInItsParentsLife(t *testing.T) {
+	// perf script -F event,trace: the tap plugin's thread 801 forks ip.
+	forks, err := parseForks(strings.NewReader(`sched:sched_process_fork: comm=tap pid=800 child_comm=tap child_pid=801
+sched:sched_process_fork: comm=tap pid=801 child_comm=tap child_pid=802
+sched:sched_switch: prev_comm=tap prev_pid=801 prev_prio=120 prev_state=S ==> next_comm=ip next_pid=802 next_prio=120
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := parseTimehist(strings.NewReader(`
+     200.001000 [0000]  tap[800]                            0.000      0.000      1.000      S    futex_do_wait <- __futex_wait
+     200.002000 [0001]  tap[801/800]                        0.000      0.000      1.000      S    do_epoll_wait <- do_epoll_pwait
+     200.004000 [0001]  ip[802]                             0.000      0.000      2.000      D    schedule_preempt_disabled <- __mutex_lock.constprop.0 <- rtnetlink_rcv_msg
+     200.007000 [0001]  ip[802]                             1.000      0.000      2.000      X    do_task_dead <- do_exit
+     200.008000 [0000]  tap[800]                            6.000      0.000      1.000      X    do_task_dead <- do_exit
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sweep(h.tree(800, forks))
+	// tap runs .000-.002 (two threads), ip .002-.004, ip in rtnl .004-.005,
+	// ip runs .005-.007, tap's thread in epoll for ip .007-.007, tap runs
+	// .007-.008.
+	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+	if s.Life != ms(8) || s.OnCPU != ms(7) || s.Blocked["rtnl lock"] != ms(1) {
+		t.Errorf("life %v, on CPU %v, rtnl %v, want 8ms, 7ms, 1ms (all: %+v)", s.Life, s.OnCPU, s.Blocked["rtnl lock"], s)
+	}
+}
+
 func TestAProcessLifeCountsEachInstantOnceInItsMostTellingState(t *testing.T) {
 	h, err := parseTimehist(strings.NewReader(timehistSample))
 	if err != nil {
