@@ -55,7 +55,8 @@ var burstSettings = []cpuSetting{{"10m", "200m"}, {"100m", "500m"}, {"100m", "1"
 // the bench's VM opener (napitap-bench-launcher vm open: the tap by name,
 // as QEMU opens it, every queue checked for IFF_NAPI) rather than a VM.
 // It logs one row per setting and size: napitapd's container cgroup's
-// throttling (cpu.stat) and CPU (cpuacct.usage), the intercepted
+// throttling (cpu.stat) and CPU (cpuacct.usage), how long napitapd's
+// threads waited for a CPU (schedstat), the intercepted
 // TUNSETIFF's answer time from napitapd's metrics (bucket resolution),
 // and the pods' time from the apply to their opener's ready line. It
 // fails only on what does not work (a pod without NAPI queues, napitapd
@@ -172,6 +173,7 @@ type burstRow struct {
 	throttled int64         // of them, throttled
 	thrTime   time.Duration // time throttled
 	cpu       time.Duration // napitapd's container's CPU
+	runWait   time.Duration // napitapd's threads' time runnable but not running
 	answers   histogram     // intercepted TUNSETIFFs answered with NAPI
 	napi      []time.Duration
 	failed    int
@@ -202,6 +204,7 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 	}
 	cg := napitapdCgroup(t, ds.pid)
 	statBefore, usageBefore := cg.read(t)
+	waitBefore := runDelay(ds.pid)
 	_, body, err := c.scrapeMetrics(ds)
 	if err != nil {
 		t.Fatalf("napitapd's metrics: %v", err)
@@ -234,6 +237,7 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 		}
 	}
 	statAfter, usageAfter := cg.read(t)
+	row.runWait = runDelay(ds.pid) - waitBefore
 	_, body, err = c.scrapeMetrics(ds)
 	if err != nil {
 		t.Fatalf("napitapd's metrics: %v", err)
@@ -413,6 +417,24 @@ func (g cgroupFiles) read(t *testing.T) (map[string]int64, int64) {
 	return stat, usage
 }
 
+// runDelay is how long pid's threads have waited on a run queue, from
+// /proc/PID/task/*/schedstat (a thread that exits takes its share
+// along): CPU napitapd wanted and did not get, whether its weight
+// (request) or its quota (limit, which the kernel counts as throttling)
+// kept it off.
+func runDelay(pid int) time.Duration {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if f := strings.Fields(string(b)); err == nil && len(f) == 3 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += n
+		}
+	}
+	return time.Duration(sum)
+}
+
 // histogram is a Prometheus histogram's count, sum and cumulative
 // buckets by bound (+Inf included).
 type histogram struct {
@@ -510,21 +532,31 @@ func durationQuantile(ds []time.Duration, q float64) time.Duration {
 // burstTable is rows as a Markdown table.
 func burstTable(rows []burstRow) string {
 	var b strings.Builder
-	b.WriteString("| napitapd cpu request/limit | pods | throttled periods | throttled time | napitapd CPU | TUNSETIFFs (napi) | answer p50 / p99 (bucket bound) | answer mean | time to NAPI p50 / p99 | last pod | failed |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
-	bound := func(s float64) string {
-		if math.IsInf(s, 1) {
-			return "-"
-		}
-		return "≤ " + time.Duration(s*float64(time.Second)).String()
-	}
+	b.WriteString("| napitapd cpu request/limit | pods | throttled periods | throttled time | napitapd CPU | napitapd run-queue wait | TUNSETIFFs (napi) | answer p50 / p99 (bucket bound) | answer mean | time to NAPI p50 / p99 | last pod | failed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
+		// Past the last finite bound, the answer is "more than" it.
+		bound := func(s float64) string {
+			if !math.IsInf(s, 1) {
+				return "≤ " + time.Duration(s*float64(time.Second)).String()
+			}
+			var top float64
+			for le := range r.answers.buckets {
+				if !math.IsInf(le, 1) {
+					top = max(top, le)
+				}
+			}
+			if top == 0 {
+				return "-"
+			}
+			return "> " + time.Duration(top*float64(time.Second)).String()
+		}
 		mean := "-"
 		if r.answers.count > 0 {
 			mean = time.Duration(r.answers.sum / r.answers.count * float64(time.Second)).Round(time.Microsecond).String()
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d / %d | %v | %v | %.0f | %s / %s | %s | %v / %v | %v | %d |\n",
-			r.setting, r.pods, r.throttled, r.periods, r.thrTime.Round(time.Millisecond), r.cpu.Round(time.Millisecond),
+		fmt.Fprintf(&b, "| %s | %d | %d / %d | %v | %v | %v | %.0f | %s / %s | %s | %v / %v | %v | %d |\n",
+			r.setting, r.pods, r.throttled, r.periods, r.thrTime.Round(time.Millisecond), r.cpu.Round(time.Millisecond), r.runWait.Round(time.Millisecond),
 			r.answers.count, bound(r.answers.quantile(0.5)), bound(r.answers.quantile(0.99)), mean,
 			durationQuantile(r.napi, 0.5).Round(time.Millisecond), durationQuantile(r.napi, 0.99).Round(time.Millisecond),
 			r.took.Round(time.Millisecond), r.failed)
