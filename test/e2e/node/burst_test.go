@@ -190,7 +190,9 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 	var items []any
 	names := make([]string, n)
 	for i := range n {
-		names[i] = fmt.Sprintf("burst-%03d", i)
+		// Names of this burst's own: the kubelet keeps a deleted pod's
+		// log dir (which readyLine finds by name) for a while.
+		names[i] = fmt.Sprintf("burst-%s-%03d", label, i)
 		items = append(items, c.openerPod(names[i], label))
 	}
 	list["items"] = items
@@ -261,6 +263,16 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 		last = max(last, r.At)
 	}
 	row.took = time.Duration(last - start.UnixNano())
+	// A pod far behind the rest: what the kubelet says it went through.
+	p50 := durationQuantile(row.napi, 0.5)
+	for _, name := range names {
+		if r, ok := ready[name]; ok && time.Duration(r.At-start.UnixNano()) > p50+5*time.Second {
+			out, _ := c.kubectl("get", "events", "-n", podNamespace, "--field-selector", "involvedObject.name="+name,
+				"-o", "custom-columns=FIRST:.firstTimestamp,LAST:.lastTimestamp,COUNT:.count,REASON:.reason,MESSAGE:.message")
+			t.Logf("pod %s: NAPI queues %v after the apply (p50 %v); its events:\n%s", name,
+				time.Duration(r.At-start.UnixNano()).Round(time.Millisecond), p50.Round(time.Millisecond), out)
+		}
+	}
 	if row.failed > 0 {
 		out, _ := c.kubectl("get", "pods", "-n", podNamespace, "-l", "burst="+label, "-o", "wide")
 		t.Errorf("burst of %d under %s: %d pods never printed their ready line (NAPI queues):\n%s", n, s, row.failed, out)
