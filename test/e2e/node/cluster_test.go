@@ -99,6 +99,7 @@ type cluster struct {
 	kubeletRoot   string // its --root-dir: Localhost seccomp profiles live in its seccomp/
 	kubeletStarts int
 	apiLog        string
+	maxPods       int // clusterOpts'
 }
 
 // startCluster runs a node as cfg says (Root, BinDir, Crictl and NetNS
@@ -124,6 +125,9 @@ type clusterOpts struct {
 	// and places a DaemonSet's pods, and what kubectl delete of a
 	// namespace or a DaemonSet waits for.
 	controllers bool
+	// maxPods, if set, is the kubelet's maxPods (default 110), for a test
+	// that runs more pods than that beside the DaemonSet's.
+	maxPods int
 }
 
 // startClusterWith is startCluster with opts.
@@ -140,7 +144,8 @@ func startClusterWith(t *testing.T, cfg crihelp.Config, opts clusterOpts) *clust
 	cfg.NetNS.Run(t, func() error { return addNodeIP(nodeIP) })
 	n := crihelp.Start(t, cfg)
 	makeCgroupRoot(t, n.Cgroup)
-	c := &cluster{t: t, root: cfg.Root, bin: bin, node: n, nodeName: cfg.Name + "-" + nstest.RandomSuffix(), pki: newPKI(t, filepath.Join(cfg.Root, "pki"))}
+	c := &cluster{t: t, root: cfg.Root, bin: bin, node: n, nodeName: cfg.Name + "-" + nstest.RandomSuffix(), pki: newPKI(t, filepath.Join(cfg.Root, "pki")),
+		maxPods: opts.maxPods}
 	c.startEtcd()
 	c.startAPIServer()
 	if opts.controllers {
@@ -374,6 +379,9 @@ func (c *cluster) kubeletCommand() []string {
 		"syncFrequency":             "20s",
 		"fileCheckFrequency":        "20s",
 		"shutdownGracePeriod":       "0s",
+	}
+	if c.maxPods > 0 {
+		cfg["maxPods"] = c.maxPods
 	}
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {

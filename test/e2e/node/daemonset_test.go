@@ -182,10 +182,18 @@ func buildImage(t *testing.T, repo, ref, goflags string) string {
 // and nothing serves /run/napitap until the DaemonSet's napitapd does.
 func startDaemonSetCluster(t *testing.T, cfg crihelp.Config) *cluster {
 	t.Helper()
+	return startDaemonSetClusterWith(t, cfg, clusterOpts{})
+}
+
+// startDaemonSetClusterWith is startDaemonSetCluster with opts (its
+// seccompDir and controllers are set here).
+func startDaemonSetClusterWith(t *testing.T, cfg crihelp.Config, opts clusterOpts) *cluster {
+	t.Helper()
 	claimHost(t)
 	cfg.NapitapdDir, cfg.NapitapPlugin, cfg.NetNSUnderRun = hostNapitapd, filepath.Join(hostCNIBin, "napitap"), true
 	cfg.NapitapdStateDir = filepath.Join(hostNapitapdOwn, "state")
-	c := startMultusCluster(t, cfg, clusterOpts{seccompDir: hostSeccomp, controllers: true})
+	opts.seccompDir, opts.controllers = hostSeccomp, true
+	c := startMultusCluster(t, cfg, opts)
 	c.mountNodeSysfs()
 	return c
 }
@@ -673,30 +681,7 @@ func (c *cluster) checkDaemonSetLog(ds *daemonSetPod) {
 func (c *cluster) checkMetrics(ds *daemonSetPod) {
 	t := c.t
 	t.Helper()
-	hostIP := c.kubectlMust("get", "pod", "-n", daemonSetNamespace, ds.name, "-o", "jsonpath={.status.hostIP}")
-	var body []byte
-	var conn net.Conn
-	// Dialed here, on this thread in the node's netns: net/http would
-	// dial from a goroutine of its own, in whatever netns its thread is.
-	err := ns.WithNetNSPath(c.node.NetNS.Path(), func(ns.NetNS) (err error) {
-		conn, err = net.DialTimeout("tcp", net.JoinHostPort(hostIP, "9695"), 10*time.Second)
-		return err
-	})
-	if err == nil {
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		req, _ := http.NewRequest(http.MethodGet, "http://"+net.JoinHostPort(hostIP, "9695")+"/metrics", nil)
-		var resp *http.Response
-		if err = req.Write(conn); err == nil {
-			if resp, err = http.ReadResponse(bufio.NewReader(conn), req); err == nil {
-				defer resp.Body.Close()
-				body, err = io.ReadAll(resp.Body)
-				if err == nil && resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("%s: %s", resp.Status, body)
-				}
-			}
-		}
-	}
+	hostIP, body, err := c.scrapeMetrics(ds)
 	if err != nil {
 		t.Errorf("scraping napitapd's metrics on %s:9695: %v", hostIP, err)
 		return
@@ -729,4 +714,37 @@ func (c *cluster) checkMetrics(ds *daemonSetPod) {
 	if t.Failed() {
 		t.Logf("the whole answer:\n%s", crihelp.Tail(string(body), 3000))
 	}
+}
+
+// scrapeMetrics reads napitapd's /metrics where the DaemonSet serves it,
+// the pod's hostIP and port 9695, from the node's netns; it returns the
+// address and the answer.
+func (c *cluster) scrapeMetrics(ds *daemonSetPod) (string, []byte, error) {
+	hostIP := c.kubectlMust("get", "pod", "-n", daemonSetNamespace, ds.name, "-o", "jsonpath={.status.hostIP}")
+	var body []byte
+	var conn net.Conn
+	// Dialed here, on this thread in the node's netns: net/http would
+	// dial from a goroutine of its own, in whatever netns its thread is.
+	err := ns.WithNetNSPath(c.node.NetNS.Path(), func(ns.NetNS) (err error) {
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(hostIP, "9695"), 10*time.Second)
+		return err
+	})
+	if err != nil {
+		return hostIP, nil, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	req, _ := http.NewRequest(http.MethodGet, "http://"+net.JoinHostPort(hostIP, "9695")+"/metrics", nil)
+	if err := req.Write(conn); err != nil {
+		return hostIP, nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return hostIP, nil, err
+	}
+	defer resp.Body.Close()
+	if body, err = io.ReadAll(resp.Body); err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	return hostIP, body, err
 }

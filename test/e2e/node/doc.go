@@ -88,6 +88,16 @@
 // exactly that: kubectl delete -k then apply -k, and napitapd killed with
 // its fd holder (under a second VM).
 //
+// TestABurstOfVMPodsUnderNapitapdsCPULimits (issue 46 item 4) is opt-in:
+// it runs only with NAPITAP_NODE_BURST=1, so make e2e-node (CI) skips it.
+// On a DaemonSet's node it applies 50 and then 110 pods at once on the
+// KubeVirt NAD, each opening its tap by name under napitap/vmm.json with
+// the bench's VM opener, under the shipped CPU request and limit and
+// others (kubectl patch, a rollout), and logs napitapd's throttling, its
+// answer times and the pods' time to NAPI queues, which deploy/README.md
+// carries; it fails only on a pod without NAPI queues or an attachment
+// lost or left behind.
+//
 // Needs root, containerd 1.6, runc, nsenter, unshare, busybox and QEMU
 // (hack/deps.sh), crictl (hack/crictl.sh) and the build.sh and multus.sh
 // binaries, which the test builds if missing.

@@ -47,6 +47,8 @@ func TestMain(m *testing.M) {
 		"github.com/napitap/napitap/cmd/napitapd",
 		"github.com/napitap/napitap/cmd/napitapctl",
 		"github.com/napitap/napitap/test/e2e/crihelp/pause",
+		// The burst pods' VM opener (TestABurstOfVMPodsUnderNapitapdsCPULimits).
+		"github.com/napitap/napitap/internal/bench/cnibench/launch/napitap-bench-launcher",
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
