@@ -10,6 +10,7 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.72.0
 	github.com/prometheus/procfs v0.23.0
 	github.com/vishvananda/netlink v1.3.1
 	golang.org/x/net v0.59.0
@@ -29,7 +30,6 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/networkplumbing/go-nft v0.4.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/safchain/ethtool v0.7.0 // indirect
 	github.com/seccomp/libseccomp-golang v0.11.0 // indirect
 	github.com/spf13/cobra v1.9.1 // indirect

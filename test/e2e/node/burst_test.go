@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napitap/napitap/internal/answertimes"
 	"github.com/napitap/napitap/internal/bench/cnibench/launch"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/test/e2e/crihelp"
@@ -169,12 +171,12 @@ func (c *cluster) openerPod(name, label string) map[string]any {
 type burstRow struct {
 	setting   cpuSetting
 	pods      int
-	periods   int64         // CFS periods napitapd's cgroup ran in
-	throttled int64         // of them, throttled
-	thrTime   time.Duration // time throttled
-	cpu       time.Duration // napitapd's container's CPU
-	runWait   time.Duration // napitapd's threads' time runnable but not running
-	answers   histogram     // intercepted TUNSETIFFs answered with NAPI
+	periods   int64                 // CFS periods napitapd's cgroup ran in
+	throttled int64                 // of them, throttled
+	thrTime   time.Duration         // time throttled
+	cpu       time.Duration         // napitapd's container's CPU
+	runWait   time.Duration         // napitapd's threads' time runnable but not running
+	answers   answertimes.Histogram // intercepted TUNSETIFFs answered with NAPI
 	napi      []time.Duration
 	failed    int
 	took      time.Duration // apply to the last ready line
@@ -211,7 +213,10 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 	if err != nil {
 		t.Fatalf("napitapd's metrics: %v", err)
 	}
-	answersBefore := parseAnswers(body)
+	answersBefore, err := answertimes.Parse(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	row := burstRow{setting: s, pods: n}
 	start := time.Now()
@@ -244,7 +249,11 @@ func (c *cluster) burst(ds *daemonSetPod, s cpuSetting, n int) burstRow {
 	if err != nil {
 		t.Fatalf("napitapd's metrics: %v", err)
 	}
-	row.answers = parseAnswers(body).sub(answersBefore, "napi")
+	answersAfter, err := answertimes.Parse(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row.answers = answersAfter.Since(answersBefore, "napi")
 	row.periods = statAfter["nr_periods"] - statBefore["nr_periods"]
 	row.throttled = statAfter["nr_throttled"] - statBefore["nr_throttled"]
 	row.thrTime = time.Duration(statAfter["throttled_time"] - statBefore["throttled_time"])
@@ -449,89 +458,6 @@ func runDelay(pid int) time.Duration {
 	return time.Duration(sum)
 }
 
-// histogram is a Prometheus histogram's count, sum and cumulative
-// buckets by bound (+Inf included).
-type histogram struct {
-	count, sum float64
-	buckets    map[float64]float64
-}
-
-// answerTimes is napitapd_tunsetiff_answer_seconds by outcome.
-type answerTimes map[string]*histogram
-
-// parseAnswers reads napitapd_tunsetiff_answer_seconds out of /metrics.
-func parseAnswers(body []byte) answerTimes {
-	h := answerTimes{}
-	get := func(outcome string) *histogram {
-		if h[outcome] == nil {
-			h[outcome] = &histogram{buckets: map[float64]float64{}}
-		}
-		return h[outcome]
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok || !strings.HasPrefix(name, "napitapd_tunsetiff_answer_seconds") {
-			continue
-		}
-		labels, value, _ := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		var outcome, le string
-		for _, kv := range strings.Split(labels, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			val = strings.Trim(val, `"`)
-			switch key {
-			case "outcome":
-				outcome = val
-			case "le":
-				le = val
-			}
-		}
-		switch name {
-		case "napitapd_tunsetiff_answer_seconds_bucket":
-			if bound, err := strconv.ParseFloat(le, 64); err == nil {
-				get(outcome).buckets[bound] = v
-			}
-		case "napitapd_tunsetiff_answer_seconds_sum":
-			get(outcome).sum = v
-		case "napitapd_tunsetiff_answer_seconds_count":
-			get(outcome).count = v
-		}
-	}
-	return h
-}
-
-// sub is what a gained since b for outcome.
-func (a answerTimes) sub(b answerTimes, outcome string) histogram {
-	d := histogram{buckets: map[float64]float64{}}
-	x, y := a[outcome], b[outcome]
-	if x == nil {
-		return d
-	}
-	if y == nil {
-		y = &histogram{buckets: map[float64]float64{}}
-	}
-	d.count, d.sum = x.count-y.count, x.sum-y.sum
-	for le, n := range x.buckets {
-		d.buckets[le] = n - y.buckets[le]
-	}
-	return d
-}
-
-// quantile is the smallest bucket bound that holds q of the answers: an
-// upper bound at the histogram's resolution.
-func (d histogram) quantile(q float64) float64 {
-	best := math.Inf(1)
-	for le, n := range d.buckets {
-		if n >= q*d.count && le < best {
-			best = le
-		}
-	}
-	return best
-}
-
 // durationQuantile is the nearest-rank quantile q of ds.
 func durationQuantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
@@ -554,24 +480,19 @@ func burstTable(rows []burstRow) string {
 			if !math.IsInf(s, 1) {
 				return "≤ " + time.Duration(s*float64(time.Second)).String()
 			}
-			var top float64
-			for le := range r.answers.buckets {
-				if !math.IsInf(le, 1) {
-					top = max(top, le)
-				}
-			}
+			top := r.answers.TopBound()
 			if top == 0 {
 				return "-"
 			}
 			return "> " + time.Duration(top*float64(time.Second)).String()
 		}
 		mean := "-"
-		if r.answers.count > 0 {
-			mean = time.Duration(r.answers.sum / r.answers.count * float64(time.Second)).Round(time.Microsecond).String()
+		if r.answers.Count > 0 {
+			mean = time.Duration(r.answers.Sum / r.answers.Count * float64(time.Second)).Round(time.Microsecond).String()
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d / %d | %v | %v | %v | %.0f | %s / %s | %s | %v / %v | %v | %d |\n",
 			r.setting, r.pods, r.throttled, r.periods, r.thrTime.Round(time.Millisecond), r.cpu.Round(time.Millisecond), r.runWait.Round(time.Millisecond),
-			r.answers.count, bound(r.answers.quantile(0.5)), bound(r.answers.quantile(0.99)), mean,
+			r.answers.Count, bound(r.answers.Within(0.5)), bound(r.answers.Within(0.99)), mean,
 			durationQuantile(r.napi, 0.5).Round(time.Millisecond), durationQuantile(r.napi, 0.99).Round(time.Millisecond),
 			r.took.Round(time.Millisecond), r.failed)
 	}

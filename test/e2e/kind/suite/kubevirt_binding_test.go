@@ -1,15 +1,13 @@
 package suite
 
 import (
-	"bufio"
-	"fmt"
 	"io"
-	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/napitap/napitap/internal/answertimes"
 )
 
 // TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt: a VM chooses napitap
@@ -40,14 +38,14 @@ func TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt(t *testing.T) {
 	offRun := k.waitKubeVirtVMI(t, off, "")
 	took := time.Since(start)
 	after := k.answers(t, w)
-	passed := after.sub(before, "passed_through")
+	passed := after.Since(before, "passed_through")
 	// kv-off's pod tap, multiqueue with 2 vCPUs: 2 TUNSETIFFs, each left to
 	// the kernel.
-	if passed.count < 2 {
-		t.Errorf("napitapd on %s passed %v TUNSETIFFs through while kv-off started, want at least its 2 queues", w, passed.count)
+	if passed.Count < 2 {
+		t.Errorf("napitapd on %s passed %v TUNSETIFFs through while kv-off started, want at least its 2 queues", w, passed.Count)
 	}
 	t.Logf("kv-on (napitap binding) and kv-off (pod network only) on %s, Running within %v; napitapd's answers meanwhile:\n  napi: %s\n  passed_through: %s",
-		w, took.Round(time.Second), after.sub(before, "napi"), passed)
+		w, took.Round(time.Second), after.Since(before, "napi"), passed)
 
 	// kv-off again, started while napitap's DaemonSet rolls out.
 	k.kubectlMust(t, "delete", "vm", "-n", podNamespace, off.name, "--wait=true", "--timeout=180s")
@@ -63,56 +61,9 @@ func TestKubeVirtVMWithoutNapitapRunsBesideOneWithIt(t *testing.T) {
 		during.Round(time.Second))
 }
 
-// answerTimes is napitapd's napitapd_tunsetiff_answer_seconds, by
-// outcome: count, sum and cumulative buckets.
-type answerTimes map[string]*histogram
-
-type histogram struct {
-	count, sum float64
-	buckets    map[float64]float64 // le (+Inf included): cumulative count
-}
-
-// sub is what h gained since b for outcome.
-func (h answerTimes) sub(b answerTimes, outcome string) histogram {
-	var d histogram
-	d.buckets = map[float64]float64{}
-	a, p := h[outcome], b[outcome]
-	if a == nil {
-		return d
-	}
-	if p == nil {
-		p = &histogram{buckets: map[float64]float64{}}
-	}
-	d.count, d.sum = a.count-p.count, a.sum-p.sum
-	for le, n := range a.buckets {
-		d.buckets[le] = n - p.buckets[le]
-	}
-	return d
-}
-
-// String gives the count, the mean and the smallest bucket that holds
-// half and all of them.
-func (d histogram) String() string {
-	if d.count == 0 {
-		return "none"
-	}
-	// The smallest bound whose bucket holds frac of the answers.
-	within := func(frac float64) float64 {
-		best := math.Inf(1)
-		for le, n := range d.buckets {
-			if n >= frac*d.count && le < best {
-				best = le
-			}
-		}
-		return best
-	}
-	return fmt.Sprintf("%v answered, mean %.0f µs, half within %g s, all within %g s",
-		d.count, d.sum/d.count*1e6, within(0.5), within(1))
-}
-
 // answers scrapes napitapd's /metrics on node, where the DaemonSet
 // serves them (the node's address, port 9695).
-func (k *kind) answers(t *testing.T, node string) answerTimes {
+func (k *kind) answers(t *testing.T, node string) answertimes.Times {
 	t.Helper()
 	ip := strings.TrimSpace(k.kubectlMust(t, "get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`))
 	var body string
@@ -129,49 +80,9 @@ func (k *kind) answers(t *testing.T, node string) answerTimes {
 	if err != nil {
 		t.Fatalf("napitapd's /metrics on %s (%s:9695): %v", node, ip, err)
 	}
-	h := answerTimes{}
-	get := func(outcome string) *histogram {
-		if h[outcome] == nil {
-			h[outcome] = &histogram{buckets: map[float64]float64{}}
-		}
-		return h[outcome]
-	}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		line := sc.Text()
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok || !strings.HasPrefix(name, "napitapd_tunsetiff_answer_seconds") {
-			continue
-		}
-		labels, value, _ := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		var outcome, le string // le: a bucket's bound, "+Inf" the last
-		for _, kv := range strings.Split(labels, ",") {
-			key, val, _ := strings.Cut(kv, "=")
-			val = strings.Trim(val, `"`)
-			switch key {
-			case "outcome":
-				outcome = val
-			case "le":
-				le = val
-			}
-		}
-		switch name {
-		case "napitapd_tunsetiff_answer_seconds_bucket":
-			if bound, err := strconv.ParseFloat(le, 64); err == nil {
-				get(outcome).buckets[bound] = v
-			}
-		case "napitapd_tunsetiff_answer_seconds_sum":
-			get(outcome).sum = v
-		case "napitapd_tunsetiff_answer_seconds_count":
-			get(outcome).count = v
-		}
-	}
-	if len(h) == 0 {
-		t.Fatalf("napitapd's /metrics on %s has no napitapd_tunsetiff_answer_seconds", node)
+	h, err := answertimes.Parse(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("node %s: %v", node, err)
 	}
 	return h
 }
