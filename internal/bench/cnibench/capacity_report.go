@@ -495,6 +495,7 @@ func (r *CapacityReport) SplitSVG() string {
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, top+plotH)
 		p(`<text x="%.1f" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", x, top+plotH+16, tickLabel(step*time.Duration(t)))
 	}
+	p(`<text x="%d" y="%d" text-anchor="middle" fill="#555">ms</text>`+"\n", left+plotW/2, top+plotH+34)
 	for i, s := range rows {
 		y := top + i*(barH+gap)
 		p(`<text x="%d" y="%d" text-anchor="end">N=%d, %s</text>`+"\n", left-6, y+barH-4, s.pods, xmlEscape(s.label))
