@@ -179,7 +179,7 @@ func TestKernel(t *testing.T) {
 		"-serial", "file:" + serial,
 		"-kernel", filepath.Join(guest, "vmlinuz"),
 		"-initrd", initrd,
-		"-append", "console=ttyS0 loglevel=4 panic=-1 rdinit=/init",
+		"-append", "console=ttyS0 loglevel=4 panic=-1 rdinit=/init no_timer_check",
 	}
 	start = time.Now()
 	g, err := vm.Start(argv, nil, serial)

@@ -74,7 +74,7 @@ func TestDomainXML(t *testing.T) {
 			full,
 			[]string{
 				`<domain type="qemu">`, `<vcpu>2</vcpu>`, `<kernel>/k</kernel>`, `<initrd>/i</initrd>`,
-				`<cmdline>console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init napitap.ip=10.9.0.2/24 napitap.gw=10.9.0.1 napitap.mac=52:54:00:ab:cd:ef</cmdline>`,
+				`<cmdline>console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init no_timer_check napitap.ip=10.9.0.2/24 napitap.gw=10.9.0.1 napitap.mac=52:54:00:ab:cd:ef</cmdline>`,
 				`<interface type="ethernet">`, `<mac address="52:54:00:ab:cd:ef">`, `<target dev="tap0" managed="no">`,
 				`<model type="virtio">`, `<driver name="qemu" queues="2">`, `<host tso4="off" tso6="off" ecn="off" ufo="off">`,
 				`<sysinfo type="fwcfg">`, `<entry name="opt/napitap/script" file="/tmp/script.sh">`,
