@@ -657,8 +657,8 @@ func (b *bench) startVM(v *vmPod, queues int) (*vmProc, launch.VMReady, error) {
 	}
 	go func() {
 		p.err = p.cmd.Wait()
-		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			p.cpu = time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
+		if ps := p.cmd.ProcessState; ps != nil {
+			p.cpu = ps.UserTime() + ps.SystemTime()
 		}
 		close(p.done)
 	}()

@@ -98,8 +98,8 @@ func (r *schedRecord) stop() (time.Duration, error) {
 	_ = r.cmd.Process.Signal(os.Interrupt)
 	err := r.cmd.Wait()
 	var cpu time.Duration
-	if ru, ok := r.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		cpu = time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
+	if ps := r.cmd.ProcessState; ps != nil {
+		cpu = ps.UserTime() + ps.SystemTime()
 	}
 	if err != nil && r.cmd.ProcessState.ExitCode() != 0 && !strings.Contains(r.log.String(), "Captured and wrote") {
 		return cpu, fmt.Errorf("perf sched record: %v: %s", err, r.log.String())
