@@ -62,8 +62,9 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: napitap-bench capacity [flags]   (as root)\n\n"+
 			"For each N: the reference tap plugin's ADD and DEL of N pods at once; then N VM pods at once, each an ADD\n"+
-			"of a 4-queue NAPI tap in its own netns and then a VM opening its queues, half by name under `napitapctl launch`\n"+
-			"(napitapd's agent intercepts their TUNSETIFF), half from napitapd's hand-off (`napitapctl exec`); with all N\n"+
+			"of a 4-queue NAPI tap in its own netns and then a VM opening its queues, half by name after handing its seccomp\n"+
+			"listener to napitapd as runc does (the agent intercepts their TUNSETIFF), half from napitapd's hand-off\n"+
+			"(`napitapctl exec`); with all N\n"+
 			"running, napitapd's memory and fds, a takeover by a new napitapd, and a SIGKILL of that one until the next\n"+
 			"serves again through napitap-fdstore; then the VMs stopped and the N DELs at once.\n\n")
 		fs.PrintDefaults()
@@ -603,7 +604,8 @@ type vmProc struct {
 }
 
 // startVM starts v's VM in its pod netns: in intercept mode the launcher's
-// `vm open` under `napitapctl launch`, which opens the tap by name; in fds
+// `vm runc`, which hands its seccomp listener to napitapd as runc does on
+// Kubernetes and opens the tap by name; in fds
 // mode its `vm fds` under `napitapctl exec`, which fetches the queues from
 // napitapd; for the reference plugin's pod, `vm plain`, the tap opened by
 // name with no agent. It returns once the VM holds every queue (with NAPI
@@ -624,8 +626,7 @@ func (b *bench) startVM(v *vmPod, queues int) (*vmProc, launch.VMReady, error) {
 		argv = append([]string{ctl, "--socket", b.daemon.socket, "exec", "--container", v.cid, "--ifname", capacityIfName, "--"}, opener...)
 		argv = append(argv, "vm", "fds", strconv.Itoa(queues))
 	default:
-		argv = append([]string{ctl, "launch", "--seccomp-socket", b.daemon.seccomp, "--"}, opener...)
-		argv = append(argv, "vm", "open", capacityIfName, strconv.Itoa(queues))
+		argv = append(opener, "vm", "runc", b.daemon.seccomp, capacityIfName, strconv.Itoa(queues))
 	}
 	inR, inW, err := os.Pipe()
 	if err != nil {

@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/napitap/napitap/pkg/seccompagent"
 )
 
 // VMReady is the line a VM opener prints once it holds all its queues,
@@ -19,8 +23,8 @@ type VMReady struct {
 	// nanoseconds: the bench reads the clock of the same machine.
 	At int64 `json:"at"`
 	// TUNSETIFF is how long each queue's TUNSETIFF took, in the order
-	// opened (open by name only; under `napitapctl launch` each is
-	// intercepted by napitapd's agent).
+	// opened (open by name only; under a listener napitapd's agent serves,
+	// each is intercepted).
 	TUNSETIFF []time.Duration `json:"tunsetiff,omitempty"`
 	Queues    int             `json:"queues"`
 }
@@ -28,16 +32,24 @@ type VMReady struct {
 // VM is a VMM's queue handling and nothing else, so that a bench can run
 // a hundred of them on two CPUs:
 //
-//	vm open TAP N   open N queues of TAP by name, as QEMU's ifname=TAP,queues=N does
-//	vm plain TAP N  the same, on a tap no agent serves (the reference plugin's)
-//	vm fds N        take N queues as fds 3, 4, ..., as QEMU's fds= does (napitapctl exec)
+//	vm open TAP N          open N queues of TAP by name, as QEMU's ifname=TAP,queues=N does
+//	vm runc SOCKET TAP N   the same under a seccomp listener handed to SOCKET first, as runc
+//	                       does for a container whose profile names SOCKET as listenerPath
+//	vm plain TAP N         the same as open, on a tap no agent serves (the reference plugin's)
+//	vm fds N               take N queues as fds 3, 4, ..., as QEMU's fds= does (napitapctl exec)
 //
-// open and fds check that every queue is attached with IFF_NAPI; each
+// All but plain check that every queue is attached with IFF_NAPI; each
 // prints a VMReady line on stdout, then holds the queues until stdin ends.
 func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 	var queues []int
 	var ready VMReady
 	napi := len(args) == 0 || args[0] != "plain"
+	if len(args) == 4 && args[0] == "runc" {
+		if err := handListenerOver(args[1]); err != nil {
+			return err
+		}
+		args = append([]string{"open"}, args[2:]...)
+	}
 	switch {
 	case len(args) == 3 && (args[0] == "open" || args[0] == "plain"):
 		n, err := queueCount(args[2])
@@ -62,7 +74,7 @@ func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 			queues = append(queues, 3+i)
 		}
 	default:
-		return errors.New("usage: vm open TAP QUEUES | vm plain TAP QUEUES | vm fds QUEUES")
+		return errors.New("usage: vm open TAP QUEUES | vm runc SOCKET TAP QUEUES | vm plain TAP QUEUES | vm fds QUEUES")
 	}
 	defer closeFDs(queues)
 	for i, fd := range queues {
@@ -82,6 +94,30 @@ func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 	// stdin.
 	_, err := io.Copy(io.Discard, stdin)
 	return err
+}
+
+// handListenerOver does on this thread what runc does for a container
+// whose seccomp profile names a listenerPath, in its init before the
+// container's process runs: install the filter, send the listener to the
+// agent. The VM's TUNSETIFFs then come from this thread, so on Kubernetes
+// no process stands between the VMM and the agent; napitapctl launch is
+// the by-hand path and costs a process more.
+func handListenerOver(socket string) error {
+	// Never unlocked: the filter is on this thread only.
+	runtime.LockOSThread()
+	listener, err := seccompagent.InstallFilter()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(listener)
+	pid := os.Getpid()
+	id := "napitap-bench-" + strconv.Itoa(pid)
+	return seccompagent.SendListener(socket, listener, &specs.ContainerProcessState{
+		Version: specs.Version,
+		Fds:     []string{specs.SeccompFdName},
+		Pid:     pid,
+		State:   specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid},
+	})
 }
 
 func queueCount(s string) (int, error) {

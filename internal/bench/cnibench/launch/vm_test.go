@@ -12,7 +12,7 @@ func TestAVMRefusesWhatIsNotAVMMsQueueHandling(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no verb is a usage error", nil, "usage: vm open TAP QUEUES | vm plain TAP QUEUES | vm fds QUEUES"},
+		{"no verb is a usage error", nil, "usage: vm open TAP QUEUES | vm runc SOCKET TAP QUEUES | vm plain TAP QUEUES | vm fds QUEUES"},
 		{"an unknown verb is a usage error", []string{"attach", "tap0", "4"}, "usage:"},
 		{"open without a queue count is a usage error", []string{"open", "tap0"}, "usage:"},
 		{"a queue count that is not a number is refused", []string{"fds", "four"}, `queue count "four": want 1..256`},
