@@ -236,8 +236,39 @@ func (k *kind) buildKubeVirtGuestImage(t *testing.T) {
 	if out, err := load.CombinedOutput(); err != nil {
 		t.Fatalf("cluster.sh load %s: %v\n%s", archive, err, out)
 	}
+	for _, w := range k.workers {
+		if err := nameByDigest(w, kubeVirtGuestRef); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Logf("image %s: guest kernel %s (CRC32 %d) and its initramfs with KubeVirt's /init (%d bytes, CRC32 %d); loaded into the nodes",
 		kubeVirtGuestRef, filepath.Base(kernel), crc32.ChecksumIEEE(kernelData), len(initrdData), crc32.ChecksumIEEE(initrdData))
+}
+
+// nameByDigest gives a side-loaded image on node the name a pull from a
+// registry records beside its tag, REPO@DIGEST. KubeVirt starts a
+// migration's target pod with the kernel-boot image the source's kubelet
+// reported, by that name; without it the target pod fails with
+// ErrImageNeverPull and the migration stays Scheduling (first seen on
+// hosts whose CPU model KubeVirt can migrate to, where it does not refuse
+// the migration).
+func nameByDigest(node, ref string) error {
+	out, err := onNode(node, "ctr", "-n", "k8s.io", "images", "ls", "name=="+ref)
+	if err != nil {
+		return err
+	}
+	var digest string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == ref && strings.HasPrefix(f[2], "sha256:") {
+			digest = f[2]
+		}
+	}
+	repo, _, ok := strings.Cut(ref, ":")
+	if digest == "" || !ok {
+		return fmt.Errorf("image %s on %s: no digest in ctr images ls:\n%s", ref, node, out)
+	}
+	_, err = onNode(node, "ctr", "-n", "k8s.io", "images", "tag", "--force", ref, repo+"@"+digest)
+	return err
 }
 
 func (k *kind) kubeVirtVM(node string, c *kvCase) map[string]any {
