@@ -99,9 +99,10 @@ func VM(args []string, stdin io.Reader, stdout io.Writer) error {
 // handListenerOver does on this thread what runc does for a container
 // whose seccomp profile names a listenerPath, in its init before the
 // container's process runs: install the filter, send the listener to the
-// agent. The VM's TUNSETIFFs then come from this thread, so on Kubernetes
-// no process stands between the VMM and the agent; napitapctl launch is
-// the by-hand path and costs a process more.
+// agent (and, unlike runc, wait for its ack: SendListener). The VM's
+// TUNSETIFFs then come from this thread, so on Kubernetes no process
+// stands between the VMM and the agent; napitapctl launch is the by-hand
+// path and costs a process more.
 func handListenerOver(socket string) error {
 	// Never unlocked: the filter is on this thread only.
 	runtime.LockOSThread()

@@ -245,10 +245,10 @@ func (k *kind) kubeVirtMigrate(t *testing.T, c *kvCase, src kvRun) (kvRun, strin
 				c.name, name, refusal, refused, want)
 			why = fmt.Sprintf("KubeVirt refused under emulation (%s: %q; the target pod needs node label %s)", refusal, refused, want)
 		} else {
-			// KubeVirt's own failure, before the target's QEMU opened any
-			// tap: on kind, v1.7.0's virt-handler could not mount the
-			// kernel-boot artifacts into the target pod ("failed making
-			// the directory ... container-disks: file exists").
+			// KubeVirt's own failure: where seen (kind, v1.7.0), its
+			// virt-handler could not mount the kernel-boot artifacts
+			// into the target pod ("failed making the directory ...
+			// container-disks: file exists").
 			t.Logf("VMI %s: migration %s failed in KubeVirt: %s", c.name, name, failed)
 			why = fmt.Sprintf("KubeVirt's migration failed (%s)", failed)
 		}

@@ -263,11 +263,12 @@ func nameByDigest(node, ref string) error {
 			digest = f[2]
 		}
 	}
-	repo, _, ok := strings.Cut(ref, ":")
-	if digest == "" || !ok {
+	// The tag follows the last colon; an earlier one may be a port.
+	i := strings.LastIndex(ref, ":")
+	if digest == "" || i < 0 {
 		return fmt.Errorf("image %s on %s: no digest in ctr images ls:\n%s", ref, node, out)
 	}
-	_, err = onNode(node, "ctr", "-n", "k8s.io", "images", "tag", "--force", ref, repo+"@"+digest)
+	_, err = onNode(node, "ctr", "-n", "k8s.io", "images", "tag", "--force", ref, ref[:i]+"@"+digest)
 	return err
 }
 
