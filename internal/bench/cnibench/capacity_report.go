@@ -36,6 +36,23 @@ type CapacityRow struct {
 	Split, RefSplit *SplitSummary
 }
 
+// pluginRun is one plugin's share of a row: the reference's or napitap's.
+type pluginRun struct {
+	name  string
+	add   Series
+	burst BurstCPU
+	split *SplitSummary
+}
+
+// byPlugin lists the reference plugin's run, then napitap's, in the order
+// every table shows them.
+func (w *CapacityRow) byPlugin() []pluginRun {
+	return []pluginRun{
+		{"tap plugin", w.RefAdd, w.RefBurst, w.RefSplit},
+		{"napitap", w.Add, w.Burst, w.Split},
+	}
+}
+
 // CapacityReport is one run of `napitap-bench capacity`.
 type CapacityReport struct {
 	CommandLine  string
@@ -315,12 +332,8 @@ func (r *CapacityReport) burstCPUMarkdown(p func(string, ...any)) {
 	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range r.Rows {
 		w := &r.Rows[i]
-		for _, k := range []struct {
-			name string
-			c    BurstCPU
-			add  []time.Duration
-		}{{"tap plugin", w.RefBurst, w.RefAdd.Wall}, {"napitap", w.Burst, w.Add.Wall}} {
-			c, floor := k.c, k.c.Floor(r.Machine.CPUs)
+		for _, k := range w.byPlugin() {
+			c, floor := k.burst, k.burst.Floor(r.Machine.CPUs)
 			share := func(d time.Duration) string {
 				if c.Machine <= 0 {
 					return fmtDur(d)
@@ -329,23 +342,20 @@ func (r *CapacityReport) burstCPUMarkdown(p func(string, ...any)) {
 			}
 			p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Pods, k.name, fmtDur(c.Window), fmtDur(c.Machine), fmtDur(floor),
 				share(c.Plugins), share(c.VMs), share(c.Daemons), share(c.Bench), share(c.Perf), share(c.Rest()),
-				fmtRatio(Ratio(Percentile(k.add, 99), floor)))
+				fmtRatio(Ratio(Percentile(k.add.Wall, 99), floor)))
 		}
 	}
 	p("\n")
 	for i := range r.Rows {
 		w := &r.Rows[i]
-		for _, k := range []struct {
-			name string
-			c    BurstCPU
-		}{{"tap plugin", w.RefBurst}, {"napitap", w.Burst}} {
-			if len(k.c.KernelThreads) == 0 {
+		for _, k := range w.byPlugin() {
+			if len(k.burst.KernelThreads) == 0 {
 				continue
 			}
 			var parts []string
 			var sum time.Duration
 			for _, kt := range kernelThreads {
-				if d := k.c.KernelThreads[kt.name]; d > 0 {
+				if d := k.burst.KernelThreads[kt.name]; d > 0 {
 					parts = append(parts, fmt.Sprintf("%s %s", kt.name, fmtDur(d)))
 					sum += d
 				}
@@ -401,18 +411,15 @@ func (r *CapacityReport) splitRows() []splitRow {
 	var rows []splitRow
 	for i := range r.Rows {
 		w := &r.Rows[i]
-		for _, k := range []struct {
-			name string
-			s    *SplitSummary
-		}{{"tap plugin", w.RefSplit}, {"napitap", w.Split}} {
-			if k.s == nil {
+		for _, k := range w.byPlugin() {
+			if k.split == nil {
 				continue
 			}
 			rows = append(rows,
-				splitRow{w.Pods, fmt.Sprintf("%s, all %d", k.name, k.s.All.ADDs), k.s.All},
-				splitRow{w.Pods, fmt.Sprintf("%s, slowest %d", k.name, k.s.Slowest.ADDs), k.s.Slowest})
-			for _, mode := range slices.Sorted(maps.Keys(k.s.Modes)) {
-				m := k.s.Modes[mode]
+				splitRow{w.Pods, fmt.Sprintf("%s, all %d", k.name, k.split.All.ADDs), k.split.All},
+				splitRow{w.Pods, fmt.Sprintf("%s, slowest %d", k.name, k.split.Slowest.ADDs), k.split.Slowest})
+			for _, mode := range slices.Sorted(maps.Keys(k.split.Modes)) {
+				m := k.split.Modes[mode]
 				rows = append(rows, splitRow{w.Pods, fmt.Sprintf("%s, %s mode %d", k.name, mode, m.ADDs), m})
 			}
 		}

@@ -140,31 +140,15 @@ const burstQueues = 2
 func (c *cluster) openerPod(name, label string) map[string]any {
 	podIf := kubeVirtPodIfName(vmNetwork)
 	networks := fmt.Sprintf(`[{"name":"napitap-kubevirt","interface":%q,"cni-args":{"queues":%d}}]`, podIf, burstQueues)
-	return map[string]any{
-		"apiVersion": "v1",
-		"kind":       "Pod",
-		"metadata": map[string]any{"name": name, "namespace": podNamespace, "labels": map[string]any{"app": "napitap-vm", "burst": label},
-			"annotations": map[string]any{networksAnnotation: networks}},
-		"spec": map[string]any{
-			"nodeName":                      c.nodeName,
-			"automountServiceAccountToken":  false,
-			"enableServiceLinks":            false,
-			"dnsPolicy":                     "Default",
-			"restartPolicy":                 "Never",
-			"terminationGracePeriodSeconds": 5,
-			"securityContext": map[string]any{"seccompProfile": map[string]any{"type": "Localhost", "localhostProfile": vmmProfile},
-				"runAsUser": 107, "runAsGroup": 107},
-			"containers": []any{map[string]any{
-				"name":            "opener",
-				"image":           openerRef,
-				"imagePullPolicy": "Never",
-				"args":            []string{"vm", "open", kubeVirtTapName(podIf), strconv.Itoa(burstQueues)},
-				"stdin":           true,
-				"volumeMounts":    []any{map[string]any{"name": "tun", "mountPath": "/dev/net/tun"}},
-			}},
-			"volumes": []any{map[string]any{"name": "tun", "hostPath": map[string]any{"path": c.tunDevice(), "type": "CharDevice"}}},
-		},
-	}
+	return c.vmPod(name, map[string]any{"app": "napitap-vm", "burst": label}, networks,
+		map[string]any{"type": "Localhost", "localhostProfile": vmmProfile}, 5, map[string]any{
+			"name":            "opener",
+			"image":           openerRef,
+			"imagePullPolicy": "Never",
+			"args":            []string{"vm", "open", kubeVirtTapName(podIf), strconv.Itoa(burstQueues)},
+			"stdin":           true,
+			"volumeMounts":    []any{map[string]any{"name": "tun", "mountPath": "/dev/net/tun"}},
+		}, []any{map[string]any{"name": "tun", "hostPath": map[string]any{"path": c.tunDevice(), "type": "CharDevice"}}})
 }
 
 // burstRow is what one burst measured.

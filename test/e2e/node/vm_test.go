@@ -262,10 +262,44 @@ func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string
 	mount := func(name, path string, ro bool) map[string]any {
 		return map[string]any{"name": name, "mountPath": path, "readOnly": ro}
 	}
-	manifest := map[string]any{
+	// Non-root QEMU as KubeVirt runs it: uid/gid 107, the owner and group
+	// the KubeVirt NAD gives the tap (without CAP_NET_ADMIN only they may
+	// attach it).
+	manifest := c.vmPod(name, map[string]any{"app": "napitap-vm"}, networks, seccomp, 10, map[string]any{
+		"name":            "vmm",
+		"image":           vmmRef,
+		"imagePullPolicy": "Never",
+		"command":         []string{"/bin/bash", "-c", vmmWrapper, "vmm"},
+		"args":            argv,
+		"env":             []any{map[string]any{"name": "GUEST_NIC", "value": guestNIC}},
+		"volumeMounts": []any{
+			mount("host-usr", "/usr", true),
+			mount("ld-so-cache", "/etc/ld.so.cache", true),
+			mount("guest", "/guest", true),
+			mount("out", "/out", false),
+			mount("tun", "/dev/net/tun", false),
+		},
+	}, []any{
+		hostPath("host-usr", "/usr", "Directory"),
+		hostPath("ld-so-cache", "/etc/ld.so.cache", "File"),
+		hostPath("guest", guestDir, "Directory"),
+		hostPath("out", outDir, "Directory"),
+		hostPath("tun", c.tunDevice(), "CharDevice"),
+	})
+	b, err := json.MarshalIndent(manifest, "", "  ")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// vmPod is a pod bound to the node with one container, whose Multus
+// network selection is networks, under seccomp, as uid/gid 107.
+func (c *cluster) vmPod(name string, labels map[string]any, networks string, seccomp map[string]any, grace int, container map[string]any, volumes []any) map[string]any {
+	return map[string]any{
 		"apiVersion": "v1",
 		"kind":       "Pod",
-		"metadata": map[string]any{"name": name, "namespace": podNamespace, "labels": map[string]any{"app": "napitap-vm"},
+		"metadata": map[string]any{"name": name, "namespace": podNamespace, "labels": labels,
 			"annotations": map[string]any{networksAnnotation: networks}},
 		"spec": map[string]any{
 			"nodeName":                      c.nodeName,
@@ -273,40 +307,12 @@ func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string
 			"enableServiceLinks":            false,
 			"dnsPolicy":                     "Default",
 			"restartPolicy":                 "Never",
-			"terminationGracePeriodSeconds": 10,
-			// Non-root QEMU as KubeVirt runs it: uid/gid 107, the owner and
-			// group the KubeVirt NAD gives the tap (without CAP_NET_ADMIN
-			// only they may attach it).
-			"securityContext": map[string]any{"seccompProfile": seccomp, "runAsUser": 107, "runAsGroup": 107},
-			"containers": []any{map[string]any{
-				"name":            "vmm",
-				"image":           vmmRef,
-				"imagePullPolicy": "Never",
-				"command":         []string{"/bin/bash", "-c", vmmWrapper, "vmm"},
-				"args":            argv,
-				"env":             []any{map[string]any{"name": "GUEST_NIC", "value": guestNIC}},
-				"volumeMounts": []any{
-					mount("host-usr", "/usr", true),
-					mount("ld-so-cache", "/etc/ld.so.cache", true),
-					mount("guest", "/guest", true),
-					mount("out", "/out", false),
-					mount("tun", "/dev/net/tun", false),
-				},
-			}},
-			"volumes": []any{
-				hostPath("host-usr", "/usr", "Directory"),
-				hostPath("ld-so-cache", "/etc/ld.so.cache", "File"),
-				hostPath("guest", guestDir, "Directory"),
-				hostPath("out", outDir, "Directory"),
-				hostPath("tun", c.tunDevice(), "CharDevice"),
-			},
+			"terminationGracePeriodSeconds": grace,
+			"securityContext":               map[string]any{"seccompProfile": seccomp, "runAsUser": 107, "runAsGroup": 107},
+			"containers":                    []any{container},
+			"volumes":                       volumes,
 		},
 	}
-	b, err := json.MarshalIndent(manifest, "", "  ")
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return string(b)
 }
 
 // waitVMPodRunning waits until the pod is Ready and fills in what the node
