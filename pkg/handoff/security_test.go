@@ -121,11 +121,19 @@ func (d *cappedDaemon) settledFDs(t testing.TB) int {
 	return last
 }
 
+// waitFDs waits until napitapd has at most want fds open. Fewer is no
+// leak: on a loaded machine the count can hold still for settledFDs's
+// 30 ms while napitapd has yet to close what an earlier request opened,
+// and the baseline then counts it (a clean clone's make test beside other
+// work, 2026-12-06: 10 fds, want 12).
 func (d *cappedDaemon) waitFDs(t testing.TB, want int, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		got := fdsOf(t, d.pid())
-		if got == want {
+		if got <= want {
+			if got < want {
+				t.Logf("%s: napitapd has %d fds open, %d fewer than the baseline counted", what, got, want-got)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
