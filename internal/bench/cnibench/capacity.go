@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -48,6 +49,9 @@ type capacityOptions struct {
 	pods   []int
 	queues int
 	split  map[int]bool // the Ns whose ADDs perf sched splits
+	// napitapConf: keys set in every napitap pod's network config, over
+	// the bench's own (the knobs' cost in a burst, threadedNapi's say).
+	napitapConf map[string]any
 }
 
 func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
@@ -57,6 +61,7 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 	fs.IntVar(&c.queues, "queues", 4, "queues per VM pod")
 	fs.StringVar(&o.out, "out", "docs/bench", "directory for capacity.md and capacity.svg")
 	split := fs.String("split", "", "for these N (comma-separated), record the scheduler's events with `perf sched record` while the pods start, and split each ADD's wall time into on-CPU, waiting to run and blocked, by what it blocked on (perf's own CPU is part of the burst then)")
+	napitapConf := fs.String("napitap-conf", "", `JSON object of keys set in each napitap pod's network config, over the bench's (e.g. '{"threadedNapi":false}')`)
 	fs.IntVar(&o.napitapdNice, "napitapd-nice", 0, "run napitapd at this nice value (-20..19): how much of an intercepted TUNSETIFF under a burst is waiting for a CPU")
 	fs.StringVar(&o.bin, "bin", "", "directory with prebuilt "+strings.Join(capacityBinaries, ", ")+", and best "+launcherBin+" (default: build them into a temp dir)")
 	fs.Usage = func() {
@@ -95,6 +100,11 @@ func parseCapacityFlags(args []string) (*options, *capacityOptions, error) {
 			return nil, nil, fmt.Errorf("--split: %q is not one of --pods", f)
 		}
 		c.split[n] = true
+	}
+	if *napitapConf != "" {
+		if err := json.Unmarshal([]byte(*napitapConf), &c.napitapConf); err != nil {
+			return nil, nil, fmt.Errorf("--napitap-conf: %w", err)
+		}
 	}
 	return o, c, nil
 }
@@ -362,8 +372,9 @@ func (b *bench) capacityRound(ctx context.Context, copt *capacityOptions, row *C
 	for i := range vms {
 		v := &vmPod{i: i, pod: pods[i], cid: prefix + strconv.Itoa(i), fds: i%2 == 1}
 		if confs[v.mode()] == nil {
-			conf, err := stepConf(step{typ: "napitap", conf: napitapConf(copt.queues, true,
-				map[string]any{"handoff": map[string]any{"socket": b.daemon.socket, "mode": v.mode(), "required": true}})}, nil)
+			extra := map[string]any{"handoff": map[string]any{"socket": b.daemon.socket, "mode": v.mode(), "required": true}}
+			maps.Copy(extra, copt.napitapConf)
+			conf, err := stepConf(step{typ: "napitap", conf: napitapConf(copt.queues, true, extra)}, nil)
 			if err != nil {
 				return err
 			}

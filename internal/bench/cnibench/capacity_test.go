@@ -156,10 +156,13 @@ func TestParseCapacityFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.pods) != 3 || c.pods[2] != 110 || c.queues != 4 || o.out != "/tmp/x" {
+	if len(c.pods) != 3 || c.pods[2] != 110 || c.queues != 4 || o.out != "/tmp/x" || c.napitapConf != nil {
 		t.Errorf("%+v %+v", o, c)
 	}
-	for _, bad := range [][]string{{"--pods", "0"}, {"--pods", ""}, {"--pods", "x"}, {"--queues", "0"}, {"--queues", "254"}, {"--napitapd-nice", "-21"}, {"extra"}} {
+	if _, c, err := parseCapacityFlags([]string{"--napitap-conf", `{"threadedNapi":false}`}); err != nil || c.napitapConf["threadedNapi"] != false {
+		t.Errorf("--napitap-conf: %v, %v", c, err)
+	}
+	for _, bad := range [][]string{{"--pods", "0"}, {"--pods", ""}, {"--pods", "x"}, {"--queues", "0"}, {"--queues", "254"}, {"--napitapd-nice", "-21"}, {"--napitap-conf", "threadedNapi"}, {"extra"}} {
 		if _, _, err := parseCapacityFlags(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
