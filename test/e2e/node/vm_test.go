@@ -262,9 +262,6 @@ func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string
 	mount := func(name, path string, ro bool) map[string]any {
 		return map[string]any{"name": name, "mountPath": path, "readOnly": ro}
 	}
-	// Non-root QEMU as KubeVirt runs it: uid/gid 107, the owner and group
-	// the KubeVirt NAD gives the tap (without CAP_NET_ADMIN only they may
-	// attach it).
 	manifest := c.vmPod(name, map[string]any{"app": "napitap-vm"}, networks, seccomp, 10, map[string]any{
 		"name":            "vmm",
 		"image":           vmmRef,
@@ -294,7 +291,9 @@ func (c *cluster) vmManifest(name, networks, guestNIC string, seccomp map[string
 }
 
 // vmPod is a pod bound to the node with one container, whose Multus
-// network selection is networks, under seccomp, as uid/gid 107.
+// network selection is networks, under seccomp. It runs as uid/gid 107,
+// as KubeVirt runs QEMU: the owner and group the KubeVirt NAD gives the
+// tap (without CAP_NET_ADMIN only they may attach it).
 func (c *cluster) vmPod(name string, labels map[string]any, networks string, seccomp map[string]any, grace int, container map[string]any, volumes []any) map[string]any {
 	return map[string]any{
 		"apiVersion": "v1",
