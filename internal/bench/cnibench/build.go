@@ -3,6 +3,7 @@ package cnibench
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -105,4 +106,24 @@ func output(ctx context.Context, dir, name string, args ...string) (string, erro
 		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// dynamicallyLinked names those of names in dir that the kernel starts
+// through an ELF interpreter (the dynamic loader).
+func dynamicallyLinked(dir string, names []string) []string {
+	var dyn []string
+	for _, name := range names {
+		f, err := elf.Open(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				dyn = append(dyn, name)
+				break
+			}
+		}
+		f.Close()
+	}
+	return dyn
 }

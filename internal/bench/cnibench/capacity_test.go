@@ -89,25 +89,27 @@ func TestTheCPUFloorIsTheBurstsBusyTimeSharedByTheCPUs(t *testing.T) {
 
 func TestTheIssuesGoalsAreJudgedAtTheLastN(t *testing.T) {
 	cases := []struct {
-		name                string
-		add, ref            []time.Duration
-		floorMet, versusMet bool
+		name                        string
+		add, ref                    []time.Duration
+		addCPU, refCPU              []time.Duration
+		floorMet, versusMet, cpuMet bool
 	}{
-		{"a p99 at twice the floor and half the reference's meets both", ms(100, 1000), ms(2000), true, true},
-		{"a p99 past twice the floor misses that goal", ms(1001), ms(2002), false, true},
-		{"a p99 past half the reference's misses that goal", ms(900), ms(1700), true, false},
+		{"a p99 at twice the floor and half the reference's meets both", ms(100, 1000), ms(2000), ms(4), ms(10), true, true, true},
+		{"a p99 past twice the floor misses that goal", ms(1001), ms(2002), ms(4), ms(10), false, true, true},
+		{"a p99 past half the reference's misses that goal", ms(900), ms(1700), ms(4), ms(10), true, false, true},
+		{"a mean CPU per ADD past 0.4x the reference's misses that goal", ms(900), ms(2000), ms(3, 6), ms(9, 11), true, true, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := &CapacityReport{Machine: Machine{CPUs: 2}, Rows: []CapacityRow{
-				{Pods: 1}, {Pods: 110, Add: Series{Wall: c.add}, RefAdd: Series{Wall: c.ref}, Burst: BurstCPU{Machine: time.Second}},
+				{Pods: 1}, {Pods: 110, Add: Series{Wall: c.add, CPU: c.addCPU}, RefAdd: Series{Wall: c.ref, CPU: c.refCPU}, Burst: BurstCPU{Machine: time.Second}},
 			}}
 			g := r.Goals()
-			if len(g) != 2 || !g[0].Known || !g[1].Known {
-				t.Fatalf("goals %+v, want two judged", g)
+			if len(g) != 3 || !g[0].Known || !g[1].Known || !g[2].Known {
+				t.Fatalf("goals %+v, want three judged", g)
 			}
-			if g[0].Met != c.floorMet || g[1].Met != c.versusMet {
-				t.Errorf("met %v and %v, want %v and %v: %+v", g[0].Met, g[1].Met, c.floorMet, c.versusMet, g)
+			if g[0].Met != c.floorMet || g[1].Met != c.versusMet || g[2].Met != c.cpuMet {
+				t.Errorf("met %v, %v and %v, want %v, %v and %v: %+v", g[0].Met, g[1].Met, g[2].Met, c.floorMet, c.versusMet, c.cpuMet, g)
 			}
 			if !strings.Contains(g[0].Name, "N=110") {
 				t.Errorf("goal %q does not name N=110", g[0].Name)

@@ -316,6 +316,11 @@ func (b *bench) binaries(ctx context.Context) error {
 			}
 		}
 		b.binDir, b.build = dir, "prebuilt, --bin "+dir
+		// A plugin built with cgo pays the dynamic loader on every exec,
+		// which the bench's own builds never do.
+		if dyn := dynamicallyLinked(dir, b.need); len(dyn) > 0 {
+			b.build += " (dynamically linked: " + strings.Join(dyn, ", ") + ")"
+		}
 		if !isExecutable(filepath.Join(dir, launcherBin)) {
 			b.build += " (no " + launcherBin + " there: the bench re-execs itself to launch plugins, a higher RSS floor)"
 		}
