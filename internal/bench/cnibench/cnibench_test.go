@@ -5,6 +5,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -250,5 +252,22 @@ func TestProcStatsReadsTheMemoryInBytesAndCountsTheFdsOfAProcess(t *testing.T) {
 	}
 	if s := readSlab(); s.Total <= 0 || s.Unreclaimable <= 0 || s.Unreclaimable > s.Total {
 		t.Errorf("readSlab = %+v", s)
+	}
+}
+
+func TestPrebuiltBinariesThatNeedTheDynamicLoaderAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	sh, err := os.ReadFile("/bin/sh") // dynamically linked on Debian
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"dynamic": sh, "script": []byte("#!/bin/sh\n")} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := dynamicallyLinked(dir, []string{"dynamic", "script", "missing"})
+	if !slices.Equal(got, []string{"dynamic"}) {
+		t.Errorf("dynamicallyLinked = %q, want only the dynamic one", got)
 	}
 }
