@@ -54,6 +54,9 @@ const PrebuiltEnv = "NAPITAP_PREBUILT_BIN"
 
 // Build compiles pkgs (import paths or ./dirs relative to the working
 // directory) into a new temp dir and returns it; the caller removes it.
+// Static, as make build and the image build them: with cgo, Go links
+// napitapd's os/user to libc's NSS and every binary to the dynamic loader,
+// which costs each exec about 0.8 ms of CPU that no shipped binary pays.
 func Build(pkgs ...string) (string, error) {
 	dir, err := os.MkdirTemp("", "napitap-bin-")
 	if err != nil {
@@ -77,6 +80,7 @@ func Build(pkgs ...string) (string, error) {
 		return dir, nil
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
 		os.RemoveAll(dir)
