@@ -14,6 +14,7 @@ import (
 
 	"github.com/napitap/napitap/pkg/buildinfo"
 	"github.com/napitap/napitap/pkg/handoff"
+	_ "github.com/napitap/napitap/pkg/oneproc" // one P from the inits on
 )
 
 // verbs is every verb's usage, in the order --help lists them; each is
