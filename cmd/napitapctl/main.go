@@ -14,7 +14,6 @@ import (
 
 	"github.com/napitap/napitap/pkg/buildinfo"
 	"github.com/napitap/napitap/pkg/handoff"
-	_ "github.com/napitap/napitap/pkg/oneproc" // one P from the inits on
 )
 
 // verbs is every verb's usage, in the order --help lists them; each is

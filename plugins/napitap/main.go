@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 
 	"github.com/napitap/napitap/pkg/buildinfo"
@@ -26,11 +27,15 @@ import (
 	"github.com/napitap/napitap/pkg/config"
 	"github.com/napitap/napitap/pkg/handoff"
 	"github.com/napitap/napitap/pkg/ipamexec"
-	_ "github.com/napitap/napitap/pkg/oneproc" // one P from the inits on
 	"github.com/napitap/napitap/pkg/tapsetup"
 )
 
 func main() {
+	// One verb is a short run of system calls, one after the other: a
+	// second P only makes the runtime start and wake threads for it (its
+	// GC workers, the spinning Ms that look for work), which cost every
+	// ADD and DEL CPU a burst of pods on a node waits for (issue 46).
+	runtime.GOMAXPROCS(1)
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    cmdAdd,
 		Del:    cmdDel,
