@@ -111,10 +111,19 @@ func TestTheIssuesGoalsAreJudgedAtTheLastN(t *testing.T) {
 			if g[0].Met != c.floorMet || g[1].Met != c.versusMet || g[2].Met != c.cpuMet {
 				t.Errorf("met %v, %v and %v, want %v, %v and %v: %+v", g[0].Met, g[1].Met, g[2].Met, c.floorMet, c.versusMet, c.cpuMet, g)
 			}
-			if !strings.Contains(g[0].Name, "N=110") {
-				t.Errorf("goal %q does not name N=110", g[0].Name)
+			if !strings.Contains(g[0].Name, "N=110") || strings.Contains(g[0].Name, "perf") {
+				t.Errorf("goal %q does not name N=110, or names perf in a run without it", g[0].Name)
 			}
 		})
+	}
+}
+
+func TestTheGoalsSayWhenTheLastNRanUnderPerf(t *testing.T) {
+	r := &CapacityReport{Machine: Machine{CPUs: 2}, Rows: []CapacityRow{{Pods: 110, Split: &SplitSummary{}}}}
+	for _, g := range r.Goals() {
+		if !strings.Contains(g.Name, "under perf") {
+			t.Errorf("goal %q does not say that perf recorded", g.Name)
+		}
 	}
 }
 
