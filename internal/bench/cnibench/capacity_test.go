@@ -94,7 +94,7 @@ func TestTheIssuesGoalsAreJudgedAtTheLastN(t *testing.T) {
 		addCPU, refCPU              []time.Duration
 		floorMet, versusMet, cpuMet bool
 	}{
-		{"a p99 at twice the floor and half the reference's meets both", ms(100, 1000), ms(2000), ms(4), ms(10), true, true, true},
+		{"a p99 at twice the floor and half the reference's, at 0.4x its CPU, meets all three", ms(100, 1000), ms(2000), ms(4), ms(10), true, true, true},
 		{"a p99 past twice the floor misses that goal", ms(1001), ms(2002), ms(4), ms(10), false, true, true},
 		{"a p99 past half the reference's misses that goal", ms(900), ms(1700), ms(4), ms(10), true, false, true},
 		{"a mean CPU per ADD past 0.4x the reference's misses that goal", ms(900), ms(2000), ms(3, 6), ms(9, 11), true, true, false},
